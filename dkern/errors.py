@@ -1,0 +1,26 @@
+"""dkern's exceptions and warnings.
+
+Every error is a ``ValueError`` subclass (or ``TypeError`` for wrong types), so
+callers that catch ``ValueError`` keep working; the subclasses let callers tell
+store damage from bad arguments.
+"""
+
+
+class DkernError(ValueError):
+    """Base class of dkern's own errors."""
+
+
+class StoreError(DkernError):
+    """A Zarr store is missing, damaged, or not what dkern expected."""
+
+
+class CorruptChunkError(StoreError):
+    """A chunk failed its checksum, or a chunk the manifest lists is missing."""
+
+
+class NotPositiveDefiniteError(DkernError):
+    """An operator that must be symmetric positive definite is not (numerically)."""
+
+
+class ConvergenceWarning(UserWarning):
+    """An iterative solver stopped before reaching its tolerance."""
