@@ -1,0 +1,53 @@
+"""The numpy/BLAS backend: one kernel block times one vector block, tiled.
+
+The block ``K(X, Z) @ V`` is computed tile by tile: a tile of ``tile_rows ×
+tile_cols`` kernel values is small enough to stay in the core's L2 cache while
+BLAS fills it, the kernel's elementwise function transforms it in place, and a
+matrix product folds it into the output. Memory traffic, not arithmetic, is
+what a big block pays for; cache-sized tiles avoid it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import Kernel
+
+#: Default tile: 2048 columns and 4 MiB of kernel values (256 rows in float64,
+#: 512 in float32); the fastest shape measured on cores with 2 MiB of L2.
+TILE_COLS = 2048
+TILE_BYTES = 4 * 2**20
+
+
+def default_tile(dtype: np.dtype) -> tuple[int, int]:
+    """(tile_rows, tile_cols) for kernel values of ``dtype``."""
+    return TILE_BYTES // (TILE_COLS * np.dtype(dtype).itemsize), TILE_COLS
+
+
+def matvec_block_numpy(kernel: Kernel, X: np.ndarray, Z: np.ndarray, V: np.ndarray,
+                       tile_rows: int | None = None, tile_cols: int | None = None) -> np.ndarray:
+    """``kernel(X, Z) @ V`` without holding more than one tile of the kernel block.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X : ndarray of shape (n, d)
+    Z : ndarray of shape (m, d)
+    V : ndarray of shape (m, t)
+    tile_rows, tile_cols : int, optional
+        Tile shape (default ``default_tile``); peak extra memory is about
+        ``3 · tile_rows · tile_cols`` values, 12 MiB by default.
+
+    Returns
+    -------
+    ndarray of shape (n, t), float64
+        Tiles are summed in float64 whatever the input precision.
+    """
+    if tile_rows is None or tile_cols is None:
+        tile_rows, tile_cols = default_tile(X.dtype)
+    out = np.zeros((X.shape[0], V.shape[1]), dtype=np.float64)
+    for j0 in range(0, Z.shape[0], tile_cols):
+        Zt, Vt = Z[j0:j0 + tile_cols], V[j0:j0 + tile_cols]
+        for i0 in range(0, X.shape[0], tile_rows):
+            out[i0:i0 + tile_rows] += kernel(X[i0:i0 + tile_rows], Zt) @ Vt
+    return out

@@ -1,0 +1,214 @@
+"""The closure rules of kernel algebra; each result is again a kernel.
+
+If ``k``, ``k1`` and ``k2`` are positive semi-definite, so are ``c * k`` (c > 0),
+``k1 + k2``, ``k1 * k2`` (Schur product theorem), ``k ** p`` (integer p >= 1),
+``exp(k)`` (a limit of sums of powers) and ``f(x) k(x, x') f(x')`` (a congruence
+by ``diag(f)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from .base import Array, Kernel, as_pair, check_integer
+
+
+class Scaled(Kernel):
+    """``constant * kernel`` with ``constant > 0``; written ``c * k``."""
+
+    def __init__(self, constant: float, kernel: Kernel) -> None:
+        self.constant = constant
+        self.kernel = kernel
+        super().__init__()
+
+    def _validate(self) -> None:
+        _check_kernel(self.kernel, "kernel", "Scaled")
+        c = self.constant
+        if isinstance(c, bool) or not isinstance(c, Real) or not np.isfinite(c) or c <= 0:
+            raise ValueError(f"Scaled: the constant c in c * k must be a finite number > 0 "
+                             f"(a non-positive c breaks positive definiteness); got {c!r}.")
+
+    def __repr__(self) -> str:
+        return f"({self.constant!r} * {self.kernel!r})"
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        K = self.kernel(X, Z)
+        K *= self.constant
+        return K
+
+    def diag(self, X: Array) -> Array:
+        return self.constant * self.kernel.diag(X)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return float(self.constant) * self.kernel.keops_formula(X, Z)
+
+
+class _Binary(Kernel):
+    symbol = ""
+
+    def __init__(self, k1: Kernel, k2: Kernel) -> None:
+        self.k1 = k1
+        self.k2 = k2
+        super().__init__()
+
+    def _validate(self) -> None:
+        _check_kernel(self.k1, "k1", type(self).__name__)
+        _check_kernel(self.k2, "k2", type(self).__name__)
+
+    def __repr__(self) -> str:
+        return f"({self.k1!r} {self.symbol} {self.k2!r})"
+
+
+class Sum(_Binary):
+    """``k1 + k2``."""
+
+    symbol = "+"
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        K = self.k1(X, Z)
+        K += self.k2(X, Z)
+        return K
+
+    def diag(self, X: Array) -> Array:
+        return self.k1.diag(X) + self.k2.diag(X)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return self.k1.keops_formula(X, Z) + self.k2.keops_formula(X, Z)
+
+
+class Product(_Binary):
+    """``k1 * k2`` (elementwise product of the Gram matrices)."""
+
+    symbol = "*"
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        K = self.k1(X, Z)
+        K *= self.k2(X, Z)
+        return K
+
+    def diag(self, X: Array) -> Array:
+        return self.k1.diag(X) * self.k2.diag(X)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return self.k1.keops_formula(X, Z) * self.k2.keops_formula(X, Z)
+
+
+class Power(Kernel):
+    """``kernel ** power`` for an integer ``power >= 1``."""
+
+    def __init__(self, kernel: Kernel, power: int) -> None:
+        self.kernel = kernel
+        self.power = power
+        super().__init__()
+
+    def _validate(self) -> None:
+        _check_kernel(self.kernel, "kernel", "Power")
+        check_integer(self.power, "power", "Power (k ** p)", minimum=1)
+
+    def __repr__(self) -> str:
+        return f"({self.kernel!r} ** {self.power!r})"
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        K = self.kernel(X, Z)
+        return np.power(K, int(self.power), out=K)
+
+    def diag(self, X: Array) -> Array:
+        return self.kernel.diag(X) ** int(self.power)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return self.kernel.keops_formula(X, Z) ** int(self.power)
+
+
+class Exp(Kernel):
+    """``exp(kernel(x, x'))``; written ``dkern.kernels.exp(k)``."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        super().__init__()
+
+    def _validate(self) -> None:
+        _check_kernel(self.kernel, "kernel", "Exp")
+
+    def __repr__(self) -> str:
+        return f"exp({self.kernel!r})"
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        K = self.kernel(X, Z)
+        return np.exp(K, out=K)
+
+    def diag(self, X: Array) -> Array:
+        return np.exp(self.kernel.diag(X))
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return self.kernel.keops_formula(X, Z).exp()
+
+
+class Warp(Kernel):
+    """``f(x) kernel(x, x') f(x')`` with ``f`` mapping rows (n, d) to values (n,).
+
+    ``f`` must be a vectorised, picklable function (it runs on the workers);
+    this kernel's ``repr`` names ``f`` but cannot recreate it.
+    """
+
+    def __init__(self, kernel: Kernel, f: Callable[[Array], Array]) -> None:
+        self.kernel = kernel
+        self.f = f
+        super().__init__()
+
+    def _validate(self) -> None:
+        _check_kernel(self.kernel, "kernel", "Warp")
+        if not callable(self.f):
+            raise TypeError(f"warp: f must be a function of the rows (n, d) -> (n,); "
+                            f"got {type(self.f).__name__}.")
+
+    def __repr__(self) -> str:
+        return f"warp({self.kernel!r}, {getattr(self.f, '__name__', repr(self.f))})"
+
+    def __dask_tokenize__(self) -> tuple[str, Any]:
+        from dask.base import tokenize
+
+        return ("Warp", repr(self.kernel), tokenize(self.f))
+
+    def _weights(self, X: Array) -> Array:
+        fx = np.asarray(self.f(X), dtype=X.dtype)
+        if fx.shape != (len(X),):
+            raise ValueError(f"warp: f must map rows of shape (n, d) to shape (n,); "
+                             f"got {fx.shape} for {len(X)} rows.")
+        return fx
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        X, Z = as_pair(X, Z)
+        K = self.kernel(X, Z)
+        K *= self._weights(X)[:, None]
+        K *= self._weights(Z)[None, :]
+        return K
+
+    def diag(self, X: Array) -> Array:
+        X = np.asarray(X)
+        return self._weights(X) ** 2 * self.kernel.diag(X)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        from pykeops.numpy import LazyTensor
+
+        fx = LazyTensor(np.ascontiguousarray(self._weights(X))[:, None, None])
+        fz = LazyTensor(np.ascontiguousarray(self._weights(Z))[None, :, None])
+        return fx * self.kernel.keops_formula(X, Z) * fz
+
+
+def exp(kernel: Kernel) -> Exp:
+    """The kernel ``exp(kernel(x, x'))``."""
+    return Exp(kernel)
+
+
+def warp(kernel: Kernel, f: Callable[[Array], Array]) -> Warp:
+    """The kernel ``f(x) kernel(x, x') f(x')``; ``f`` maps rows (n, d) to (n,)."""
+    return Warp(kernel, f)
+
+
+def _check_kernel(value: object, name: str, owner: str) -> None:
+    if not isinstance(value, Kernel):
+        raise TypeError(f"{owner}: {name} must be a dkern kernel; got {type(value).__name__}.")

@@ -1,0 +1,173 @@
+"""Stationary kernels ``k(x, x') = g(||x - x'|| / lengthscale)``.
+
+The dense block uses one matrix product per block: with ``s = x / l`` and
+``h = ||s||² / 2`` the augmented rows ``[s, -h_x, 1]`` and ``[s, 1, -h_z]`` have
+inner product ``s_x·s_z - h_x - h_z = -||s_x - s_z||² / 2``, so BLAS returns the
+(halved, negated) squared distances directly and only the elementwise ``g``
+remains. Both operands are first shifted by the mean of Z: distances do not
+change, and the cancellation in ``h_x + h_z - s_x·s_z`` shrinks with the norms.
+The kernels that take a square root (Laplacian, Matérn) turn that cancellation
+error ``δ`` into ``√δ`` near ``r = 0``, so for them the few pairs closer than a
+small fraction of the norms are recomputed directly from the differences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import Array, Kernel, as_pair, check_positive_params
+
+_MATERN_NUS = (0.5, 1.5, 2.5)
+#: Pairs with ``r² < NEAR * (h_x + h_z)`` get exact distances in the root-taking kernels:
+#: there the rounding error of the expanded form, amplified by the square root, would
+#: exceed ~1e-13.
+NEAR = 1e-4
+
+
+class Stationary(Kernel):
+    """Shared code of the kernels that depend on ``||x - x'|| / lengthscale`` only.
+
+    Parameters
+    ----------
+    lengthscale : float or sequence of float, default=1.0
+        ``l > 0``; a sequence gives one lengthscale per feature (ARD).
+    """
+
+    def __init__(self, lengthscale: float | Array = 1.0) -> None:
+        self.lengthscale = lengthscale
+        super().__init__()
+
+    def _validate(self) -> None:
+        check_positive_params(self.lengthscale, "lengthscale", type(self).__name__)
+
+    def _scale(self, X: Array) -> Array:
+        ell = np.asarray(self.lengthscale, dtype=X.dtype)
+        if ell.ndim == 1 and ell.shape[0] != X.shape[1]:
+            raise ValueError(f"{type(self).__name__}: lengthscale has {ell.shape[0]} entries but "
+                             f"the data has {X.shape[1]} features; give one per feature or a scalar.")
+        return X / ell
+
+    def half_neg_sqdist(self, X: Array, Z: Array, exact_near: bool = False) -> Array:
+        """``-||x - z||² / (2 l²)`` for every pair; shape (n, m), X's float dtype.
+
+        ``exact_near`` recomputes the pairs closer than ``NEAR`` times the norms
+        from their differences (for kernels that take a square root).
+        """
+        dtype = np.result_type(X.dtype, Z.dtype, np.float32)
+        Xs, Zs = self._scale(X.astype(dtype, copy=False)), self._scale(Z.astype(dtype, copy=False))
+        centre = Zs.mean(axis=0)
+        Xs, Zs = Xs - centre, Zs - centre
+        ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)
+        hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)[:, None]
+        hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)[:, None]
+        G = np.hstack([Xs, -hx, ones_x]) @ np.hstack([Zs, ones_z, -hz]).T
+        np.minimum(G, 0.0, out=G)  # rounding can give tiny positive values
+        if exact_near and G.size:
+            rows, cols = np.nonzero(G > -NEAR * (hx.max() + hz.max()))
+            G[rows, cols] = -0.5 * np.square(Xs[rows] - Zs[cols]).sum(axis=1)
+        return G
+
+    def _keops_sqdist(self, X: Array, Z: Array) -> Any:
+        from pykeops.numpy import LazyTensor
+
+        x = LazyTensor(np.ascontiguousarray(self._scale(X))[:, None, :])
+        z = LazyTensor(np.ascontiguousarray(self._scale(Z))[None, :, :])
+        return x.sqdist(z)
+
+    def diag(self, X: Array) -> Array:
+        X = np.asarray(X)
+        return np.ones(len(X), dtype=np.result_type(X.dtype, np.float32))
+
+
+class Gaussian(Stationary):
+    """Gaussian (RBF) kernel ``k(x, x') = exp(-||x - x'||² / (2 l²))``.
+
+    Parameters
+    ----------
+    lengthscale : float or sequence of float, default=1.0
+        ``l > 0``, one per feature for ARD. ``gamma`` of scikit-learn's ``rbf`` is ``1 / (2 l²)``.
+    """
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        X, Z = as_pair(X, Z)
+        K = self.half_neg_sqdist(X, Z)
+        return np.exp(K, out=K)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return (-0.5 * self._keops_sqdist(X, Z)).exp()
+
+
+RBF = Gaussian
+
+
+class Laplacian(Stationary):
+    """Laplacian kernel ``k(x, x') = exp(-||x - x'|| / l)``.
+
+    Parameters
+    ----------
+    lengthscale : float or sequence of float, default=1.0
+        ``l > 0``, one per feature for ARD.
+    """
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        X, Z = as_pair(X, Z)
+        R = _distance(self.half_neg_sqdist(X, Z, exact_near=True))
+        np.negative(R, out=R)
+        return np.exp(R, out=R)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        return (-self._keops_sqdist(X, Z).sqrt()).exp()
+
+
+class Matern(Stationary):
+    """Matérn kernel of smoothness ``nu`` in {0.5, 1.5, 2.5}, with ``r = ||x - x'|| / l``.
+
+    ``nu=0.5``: ``exp(-r)``; ``nu=1.5``: ``(1 + √3 r) exp(-√3 r)``;
+    ``nu=2.5``: ``(1 + √5 r + 5 r² / 3) exp(-√5 r)`` (scikit-learn's ``Matern``).
+
+    Parameters
+    ----------
+    lengthscale : float or sequence of float, default=1.0
+        ``l > 0``, one per feature for ARD.
+    nu : {0.5, 1.5, 2.5}, default=1.5
+        Smoothness; other values have no closed form here.
+    """
+
+    def __init__(self, lengthscale: float | Array = 1.0, nu: float = 1.5) -> None:
+        self.nu = nu
+        super().__init__(lengthscale)
+
+    def _validate(self) -> None:
+        super()._validate()
+        if self.nu not in _MATERN_NUS:
+            raise ValueError(f"Matern: nu must be one of {_MATERN_NUS}; got {self.nu!r}.")
+
+    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+        X, Z = as_pair(X, Z)
+        R = _distance(self.half_neg_sqdist(X, Z, exact_near=True))
+        if self.nu == 0.5:
+            np.negative(R, out=R)
+            return np.exp(R, out=R)
+        a = np.sqrt(3.0) if self.nu == 1.5 else np.sqrt(5.0)
+        R *= a  # R now holds a·r
+        poly = 1.0 + R if self.nu == 1.5 else 1.0 + R + R * R / 3.0
+        np.negative(R, out=R)
+        np.exp(R, out=R)
+        return np.multiply(poly, R, out=R)
+
+    def keops_formula(self, X: Array, Z: Array) -> Any:
+        r = self._keops_sqdist(X, Z).sqrt()
+        if self.nu == 0.5:
+            return (-r).exp()
+        a = float(np.sqrt(3.0) if self.nu == 1.5 else np.sqrt(5.0))
+        ar = a * r
+        poly = 1.0 + ar if self.nu == 1.5 else 1.0 + ar + ar * ar / 3.0
+        return poly * (-ar).exp()
+
+
+def _distance(half_neg_sqdist: Array) -> Array:
+    """``||x - z|| / l`` from ``-||x - z||² / (2 l²)``, in place."""
+    R = np.multiply(half_neg_sqdist, -2.0, out=half_neg_sqdist)
+    return np.sqrt(R, out=R)

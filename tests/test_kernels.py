@@ -1,0 +1,184 @@
+"""Kernels against independent dense formulas (scipy's cdist), algebra, params, repr, bad input."""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from dkern import kernels as K
+from dkern.backends import matvec_block_keops, matvec_block_numpy
+
+RNG = np.random.default_rng(42)
+X = RNG.normal(size=(70, 4)) * 2.0 + 1.0
+Z = RNG.normal(size=(45, 4))
+ELL = np.array([0.5, 1.0, 2.0, 3.0])
+
+
+def _r(A, B, ell=1.0):
+    return cdist(A / ell, B / ell)
+
+
+def weight(rows):
+    """A positive row function for warp tests (module level: picklable)."""
+    return 1.0 + np.tanh(rows[:, 0])
+
+
+# (kernel, independent dense reference of k(A, B))
+LEAVES = [
+    (K.Gaussian(0.8), lambda A, B: np.exp(-_r(A, B) ** 2 / (2 * 0.8**2))),
+    (K.Gaussian(ELL), lambda A, B: np.exp(-_r(A, B, ELL) ** 2 / 2)),
+    (K.Laplacian(1.5), lambda A, B: np.exp(-_r(A, B) / 1.5)),
+    (K.Matern(1.2, 0.5), lambda A, B: np.exp(-_r(A, B) / 1.2)),
+    (K.Matern(ELL, 1.5), lambda A, B: (1 + np.sqrt(3) * _r(A, B, ELL))
+     * np.exp(-np.sqrt(3) * _r(A, B, ELL))),
+    (K.Matern(1.2, 2.5), lambda A, B: (1 + np.sqrt(5) * _r(A, B, 1.2) + 5 * _r(A, B, 1.2) ** 2 / 3)
+     * np.exp(-np.sqrt(5) * _r(A, B, 1.2))),
+    (K.Linear(), lambda A, B: A @ B.T),
+    (K.Polynomial(3, c=0.5), lambda A, B: (A @ B.T + 0.5) ** 3),
+]
+G = LEAVES[0][1]
+LIN = LEAVES[6][1]
+COMPOSITES = [
+    (2.5 * K.Gaussian(0.8), lambda A, B: 2.5 * G(A, B)),
+    (K.Gaussian(0.8) + K.Linear(), lambda A, B: G(A, B) + LIN(A, B)),
+    (K.Gaussian(0.8) * K.Linear(), lambda A, B: G(A, B) * LIN(A, B)),
+    (K.Linear() ** 2, lambda A, B: LIN(A, B) ** 2),
+    (K.exp(0.1 * K.Linear()), lambda A, B: np.exp(0.1 * LIN(A, B))),
+    (K.warp(K.Gaussian(0.8), weight), lambda A, B: weight(A)[:, None] * G(A, B) * weight(B)[None]),
+]
+ALL = LEAVES + COMPOSITES
+IDS = [repr(k)[:40] for k, _ in ALL]
+
+
+@pytest.mark.parametrize(("kernel", "ref"), ALL, ids=IDS)
+def test_dense_block_matches_reference(kernel, ref):
+    want = ref(X, Z)
+    np.testing.assert_allclose(kernel(X, Z), want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    square = ref(X, X)
+    np.testing.assert_allclose(kernel(X), square, rtol=1e-12, atol=1e-12 * np.abs(square).max())
+
+
+@pytest.mark.parametrize(("kernel", "ref"), ALL, ids=IDS)
+def test_diag_matches_reference(kernel, ref):
+    np.testing.assert_allclose(kernel.diag(X), np.diag(ref(X, X)), rtol=1e-12)
+
+
+@pytest.mark.parametrize(("kernel", "ref"), ALL, ids=IDS)
+def test_numpy_backend_matvec(kernel, ref):
+    V = RNG.normal(size=(len(Z), 3))
+    want = ref(X, Z) @ V
+    got = matvec_block_numpy(kernel, X, Z, V, tile_rows=16, tile_cols=10)  # many ragged tiles
+    scale = np.abs(ref(X, Z)) @ np.abs(V)
+    assert np.max(np.abs(got - want) / scale) < 1e-12
+
+
+@pytest.mark.keops
+@pytest.mark.parametrize(("kernel", "ref"), ALL, ids=IDS)
+def test_keops_backend_matvec(kernel, ref):
+    V = RNG.normal(size=(len(Z), 1))
+    want = ref(X, Z) @ V
+    got = matvec_block_keops(kernel, X, Z, V)
+    scale = np.abs(ref(X, Z)) @ np.abs(V)
+    assert np.max(np.abs(got - want) / scale) < 1e-12
+
+
+def test_rbf_alias_and_sklearn_agreement():
+    from sklearn.gaussian_process.kernels import RBF as SkRBF
+    from sklearn.gaussian_process.kernels import Matern as SkMatern
+    from sklearn.metrics.pairwise import laplacian_kernel
+
+    assert K.RBF is K.Gaussian
+    np.testing.assert_allclose(K.Gaussian(ELL)(X, Z), SkRBF(ELL)(X, Z), rtol=1e-12)
+    np.testing.assert_allclose(K.Matern(ELL, 2.5)(X, Z), SkMatern(ELL, nu=2.5)(X, Z), rtol=1e-11)
+    # sklearn's laplacian kernel uses the L1 norm; on one feature it equals ours.
+    np.testing.assert_allclose(K.Laplacian(2.0)(X[:, :1], Z[:, :1]),
+                               laplacian_kernel(X[:, :1], Z[:, :1], gamma=0.5), rtol=1e-12)
+
+
+def test_close_points_keep_full_accuracy():
+    """Near-duplicate rows: the sqrt kernels must not lose digits to cancellation."""
+    A = np.vstack([X, X + 1e-9])
+    want = np.exp(-cdist(A, A) / 0.3)
+    np.testing.assert_allclose(K.Laplacian(0.3)(A), want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize(("kernel", "_ref"), ALL[:-1], ids=IDS[:-1])
+def test_repr_round_trips(kernel, _ref):
+    again = K.from_repr(repr(kernel))
+    assert again == kernel and again is not kernel
+    np.testing.assert_array_equal(again(X, Z), kernel(X, Z))
+
+
+def test_warp_repr_names_function_and_from_repr_refuses_code():
+    assert repr(K.warp(K.Linear(), weight)) == "warp(Linear(), weight)"
+    with pytest.raises(ValueError, match="not a dkern kernel expression"):
+        K.from_repr("__import__('os').system('true')")
+    with pytest.raises(ValueError, match="not a kernel expression"):
+        K.from_repr("Gaussian(")
+
+
+def test_get_set_params_nested_like_sklearn():
+    k = 2.0 * K.Gaussian(1.0) + K.Polynomial(2)
+    params = k.get_params()
+    assert params["k1__constant"] == 2.0 and params["k1__kernel__lengthscale"] == 1.0
+    assert params["k2__degree"] == 2
+    k.set_params(k1__kernel__lengthscale=0.8, k2__degree=3)
+    np.testing.assert_allclose(k(X, Z), 2.0 * G(X, Z) + (LIN(X, Z) + 1.0) ** 3, rtol=1e-12)
+    with pytest.raises(ValueError, match="lengthscale"):
+        k.set_params(k1__kernel__lengthscale=-1.0)
+    with pytest.raises(ValueError, match="no parameter 'gamma'"):
+        K.Gaussian().set_params(gamma=1.0)
+
+
+def test_sklearn_clone_keeps_params():
+    from sklearn.base import clone
+
+    k = K.Gaussian([1.0, 2.0])
+    k2 = clone(k)
+    assert k2 == k and k2 is not k
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: K.Gaussian(0.0), "lengthscale must be > 0"),
+    (lambda: K.Gaussian(-1.0), "lengthscale must be > 0"),
+    (lambda: K.Laplacian([1.0, np.nan]), "lengthscale must be > 0"),
+    (lambda: K.Matern(1.0, nu=2.0), "nu must be one of"),
+    (lambda: 0.0 * K.Gaussian(), "constant c in c \\* k must be a finite number > 0"),
+    (lambda: -2.0 * K.Gaussian(), "constant c"),
+    (lambda: K.Polynomial(2, c=-1.0), "c must be a finite number >= 0"),
+    (lambda: K.Polynomial(0), "degree must be an integer >= 1"),
+    (lambda: K.Gaussian() ** 0, "power must be an integer >= 1"),
+])
+def test_bad_parameters_raise_value_error(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: K.Gaussian() ** 1.5, "power must be an integer"),
+    (lambda: K.Polynomial(2.5), "degree must be an integer"),
+    (lambda: K.Gaussian("wide"), "lengthscale must be a positive number"),
+    (lambda: K.warp(K.Gaussian(), 3.0), "f must be a function"),
+    (lambda: K.exp("Gaussian"), "kernel must be a dkern kernel"),
+])
+def test_bad_types_raise_type_error(make, match):
+    with pytest.raises(TypeError, match=match):
+        make()
+
+
+def test_ard_lengthscale_feature_mismatch():
+    with pytest.raises(ValueError, match="lengthscale has 4 entries but the data has 2 features"):
+        K.Gaussian(ELL)(X[:, :2], Z[:, :2])
+
+
+def test_check_psd_accepts_valid_and_flags_invalid():
+    k = 2.0 * K.Matern(1.0, 1.5) + K.Linear() * K.Polynomial(2)
+    report = K.check_psd(k, X, n=60)
+    want = np.linalg.eigvalsh(k(X[np.sort(np.random.default_rng(0).choice(70, 60, replace=False))]))
+    assert report.is_psd and report.min_eigenvalue == pytest.approx(want[0], rel=1e-8, abs=1e-10)
+
+    class Sigmoid(K.Kernel):  # tanh(x·z - 1): a classic non-PSD "kernel"
+        def __call__(self, A, B=None):
+            return np.tanh(A @ (A if B is None else B).T - 1.0)
+
+    bad = K.check_psd(Sigmoid(), X, n=60)
+    assert not bad.is_psd and bad.min_eigenvalue < -1.0
