@@ -1,0 +1,23 @@
+"""Zarr <-> dask: row-chunked operands, versioned checksummed stores, synthetic data.
+
+The only dkern package that imports zarr. Data flow::
+
+    numpy / dask / zarr / (url, path)  --as_rows-->  dask array chunked by rows
+    {name: array}  --write_arrays-->  store  --open_array-->  verified dask array
+"""
+
+from dkern.io.read import list_arrays, open_array, read_attrs
+from dkern.io.rows import as_rows, default_row_chunk
+from dkern.io.synthetic import make_regression_store
+from dkern.io.write import write_array, write_arrays
+
+__all__ = [
+    "as_rows",
+    "default_row_chunk",
+    "list_arrays",
+    "make_regression_store",
+    "open_array",
+    "read_attrs",
+    "write_array",
+    "write_arrays",
+]

@@ -1,0 +1,182 @@
+"""Verified reads: Zarr arrays as lazy dask arrays, one task per Zarr chunk."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from dask.array.core import normalize_chunks
+from dask.base import tokenize
+
+from dkern.errors import CorruptChunkError, StoreError
+from dkern.io._store import (
+    MissingChunk,
+    StrictChunkStore,
+    Url,
+    make_store,
+    open_group,
+    plain_members,
+    read_pointer,
+    where,
+)
+
+__all__ = ["list_arrays", "open_array", "read_attrs"]
+
+
+def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
+    """Open a stored array as a lazy dask array, one task per Zarr chunk.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+        The store: a local path or any fsspec URL (``"memory://s"``, ``"s3://b/s"``).
+    path : str
+        The array's name, or ``"group/name"`` for an array in a sub-group.
+        A name in dkern's pointer table resolves to its latest published version;
+        any other name opens the plain Zarr array ``group[path]`` as it is.
+    verify : bool, default True
+        For arrays dkern wrote: check shape, dtype and chunks against the
+        pointer table now, and that every chunk exists when it is read (zarr
+        alone would read a missing chunk as the fill value). Checksums are
+        checked on every read either way.
+
+    Returns
+    -------
+    dask.array.Array of the stored shape and dtype
+        Keys ``dkern-read-{path}-{token}``; a chunk that is missing or fails its
+        crc32c checksum raises :class:`~dkern.errors.CorruptChunkError` when computed.
+
+    Raises
+    ------
+    StoreError
+        No store at ``url``, or no array at ``path`` (the message lists those present).
+    """
+    url = os.fspath(url)
+    path = path.strip("/")
+    group, _, name = path.rpartition("/")
+    root = _open_parent(url, group, path)
+    entry = read_pointer(root, url, group).get("arrays", {}).get(name)
+    if entry is None:
+        z = _plain_array(root, url, group, name)
+        token = tokenize(url, path, z.shape, str(z.dtype), z.chunks)
+    else:
+        z = _dkern_array(url, group, name, entry, verify=verify)
+        token = tokenize(url, group, entry["path"], entry["uid"])
+    return zarr_to_dask(z, url=url, label=path, token=token)
+
+
+def read_attrs(url: Url, group: str = "") -> dict[str, Any]:
+    """The user attributes of the latest version written with ``write_arrays``.
+
+    Returns ``{}`` for a Zarr group dkern never wrote.
+    """
+    url = os.fspath(url)
+    group = group.strip("/")
+    root = open_group(url, group, mode="r")
+    return dict(read_pointer(root, url, group).get("attrs", {}))
+
+
+def list_arrays(url: Url, group: str = "") -> list[str]:
+    """Sorted names ``open_array`` resolves in ``group``: dkern's and plain Zarr arrays."""
+    url = os.fspath(url)
+    group = group.strip("/")
+    root = open_group(url, group, mode="r")
+    return _names(root, url, group)
+
+
+def zarr_to_dask(z: zarr.Array, *, url: str, label: str, token: str) -> da.Array:
+    """A dask array with one block per chunk of ``z``, read by :func:`_read_block`."""
+    chunks = normalize_chunks(z.chunks, z.shape)
+    return da.map_blocks(
+        _read_block,
+        z,
+        url,
+        label,
+        chunks=chunks,
+        dtype=z.dtype,
+        meta=np.empty((0,) * z.ndim, dtype=z.dtype),
+        name=f"dkern-read-{label}-{token}",
+    )
+
+
+def _read_block(
+    z: zarr.Array, url: str, label: str, block_info: dict[Any, Any] | None = None
+) -> np.ndarray:
+    """Read the Zarr chunk ``block_info`` locates; damage becomes CorruptChunkError."""
+    assert block_info is not None  # dask passes it because the signature asks for it
+    region = tuple(slice(lo, hi) for lo, hi in block_info[None]["array-location"])
+    index = tuple(block_info[None]["chunk-location"])
+    try:
+        return np.asarray(z[region])
+    except MissingChunk as err:
+        raise CorruptChunkError(
+            f"store {url!r}, array {label!r}: chunk {index} (key {err.key!r}) is missing. "
+            "The store is damaged, or a later write replaced this array (open it again "
+            "with open_array); rewrite the array from its source to repair the store."
+        ) from None
+    except ValueError as err:  # the crc32c codec raises ValueError on a mismatch
+        raise CorruptChunkError(
+            f"store {url!r}, array {label!r}: chunk {index} failed its checksum ({err}). "
+            "The chunk's bytes changed on disk; rewrite the array from its source."
+        ) from err
+
+
+def _open_parent(url: str, group: str, path: str) -> zarr.Group:
+    """The group holding ``path``; StoreError naming what the store has instead."""
+    if not path:
+        raise StoreError(f"open_array needs an array name; got path {path!r} for {url!r}.")
+    try:
+        return open_group(url, group, mode="r")
+    except StoreError:
+        if not group:
+            raise
+    root = open_group(url, "", mode="r")
+    raise StoreError(
+        f"{where(url, '')} has no group {group!r}, so no array {path!r}; arrays at the "
+        f"top: {_names(root, url, '')}. Check the path."
+    )
+
+
+def _names(root: zarr.Group, url: str, group: str) -> list[str]:
+    listed = set(read_pointer(root, url, group).get("arrays", {}))
+    plain = {name for name in plain_members(root) if isinstance(root[name], zarr.Array)}
+    return sorted(listed | plain)
+
+
+def _plain_array(root: zarr.Group, url: str, group: str, name: str) -> zarr.Array:
+    node = root.get(name)
+    if not isinstance(node, zarr.Array):
+        found = "a group" if node is not None else "nothing"
+        raise StoreError(
+            f"{where(url, group)} has no array {name!r} ({found} there); arrays present: "
+            f"{_names(root, url, group)}. Check the name, or write it with dkern.io.write_array."
+        )
+    return node
+
+
+def _dkern_array(
+    url: str, group: str, name: str, entry: dict[str, Any], *, verify: bool
+) -> zarr.Array:
+    full = "/".join(p for p in (group, entry["path"]) if p)
+    store = make_store(url, read_only=True)
+    if verify:
+        store = StrictChunkStore(store, chunk_prefix=f"{full}/c/")
+    try:
+        z = zarr.open_array(store=store, path=full, mode="r", zarr_format=3)
+    except FileNotFoundError:
+        raise StoreError(
+            f"{where(url, group)}: the pointer table lists array {name!r} at {entry['path']!r} "
+            "but no array is there; the store is damaged. Rewrite the array."
+        ) from None
+    if verify:
+        found = {"shape": list(z.shape), "dtype": str(z.dtype), "chunks": list(z.chunks)}
+        expected = {key: entry[key] for key in found}
+        if found != expected:
+            raise StoreError(
+                f"{where(url, group)}: array {name!r} does not match its manifest: "
+                f"expected {expected}, found {found}. The store is damaged; rewrite the array."
+            )
+    return z

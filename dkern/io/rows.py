@@ -1,0 +1,225 @@
+"""Operand normalisation: any array-like becomes a dask array chunked by rows only."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from dask.base import tokenize
+
+from dkern.io.read import open_array, zarr_to_dask
+
+__all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk"]
+
+#: Bytes per row chunk that ``default_row_chunk`` aims for.
+TARGET_CHUNK_BYTES = 16 * 2**20
+
+_SHAPES = {1: "(n_samples,)", 2: "(n_samples, n_features)"}
+
+
+def default_row_chunk(n: int, n_cols: int, itemsize: int) -> int:
+    """Rows per chunk: about 16 MiB, at least two chunks once ``n >= 2048``.
+
+    Parameters
+    ----------
+    n : int
+        Number of rows.
+    n_cols : int
+        Number of values per row (the product of the non-row axes).
+    itemsize : int
+        Bytes per value.
+
+    Returns
+    -------
+    int
+        Between 1 and ``max(n, 1)``; at most ``ceil(n / 2)`` when ``n >= 2048`` so
+        that two workers both get work.
+    """
+    rows = TARGET_CHUNK_BYTES // max(1, n_cols * itemsize)
+    if n >= 2048:
+        rows = min(rows, math.ceil(n / 2))
+    return max(1, min(rows, n))
+
+
+def as_rows(
+    X: Any,
+    *,
+    name: str,
+    ndim: int | tuple[int, ...] = 2,
+    row_chunks: int | None = None,
+    check_finite: bool = True,
+    dtype: Any = None,
+) -> da.Array:
+    """Normalise an operand to a float dask array chunked along rows only.
+
+    Parameters
+    ----------
+    X : array-like, dask.array.Array, zarr.Array or tuple (url, path)
+        The operand, of shape (n_samples, ...). A tuple names an array in a
+        store and is opened with :func:`dkern.io.open_array`.
+    name : str
+        How messages and task keys name the operand (``"X"``, ``"y"``).
+    ndim : int or tuple of int, default 2
+        The number of dimensions required, or the allowed numbers.
+    row_chunks : int, optional
+        Rows per chunk. Default: dask input keeps its row chunks; numpy input
+        uses :func:`default_row_chunk`; stored input uses the smallest whole
+        number of Zarr chunks (at least one) not above that.
+    check_finite : bool, default True
+        Reject NaN and infinity: numpy input now, dask and stored input when
+        each chunk is computed (no extra pass over the data).
+    dtype : {None, numpy.float32, numpy.float64}
+        Cast to this dtype. Default: floats keep theirs, integers become float64.
+
+    Returns
+    -------
+    dask.array.Array of shape X.shape
+        Axis 0 chunked, every other axis a single chunk.
+
+    Raises
+    ------
+    ValueError
+        Wrong ``ndim``, zero rows, non-row axes split into chunks (dask input),
+        or non-finite values.
+    TypeError
+        A dtype that is not integer or floating point.
+    """
+    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    target = _target_dtype(dtype)
+    if row_chunks is not None and (not isinstance(row_chunks, int) or row_chunks < 1):
+        raise ValueError(f"row_chunks must be a positive int; got {row_chunks!r}.")
+    if isinstance(X, da.Array):
+        out = _dask_rows(X, name, allowed, row_chunks)
+    elif isinstance(X, zarr.Array | tuple):
+        out = _stored_rows(X, name, allowed, row_chunks)
+    else:
+        return _numpy_rows(X, name, allowed, row_chunks, check_finite, target)
+    out = out.astype(_float_dtype(name, out.dtype, target), copy=False)
+    if check_finite:
+        out = _check_finite_lazily(out, name)
+    return out
+
+
+def _target_dtype(dtype: Any) -> np.dtype | None:
+    if dtype is None:
+        return None
+    target = np.dtype(dtype)
+    if target not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be None, numpy.float32 or numpy.float64; got {dtype!r}.")
+    return target
+
+
+def _float_dtype(name: str, dtype: np.dtype, target: np.dtype | None) -> np.dtype:
+    """The dtype to compute in; TypeError for anything but integers and floats."""
+    if dtype.kind not in "iuf":
+        raise TypeError(
+            f"{name} must hold integers or floating-point numbers; got dtype {dtype}. "
+            f"Convert it first, e.g. {name}.astype(numpy.float64)."
+        )
+    if target is not None:
+        return target
+    return np.dtype(np.float64) if dtype.kind in "iu" else dtype
+
+
+def _check_shape(name: str, shape: tuple[float, ...], allowed: tuple[int, ...]) -> None:
+    if len(shape) not in allowed:
+        want = " or ".join(f"{k}-D {_SHAPES.get(k, '')}".rstrip() for k in allowed)
+        raise ValueError(f"{name} must be {want}; got shape {shape}.{_ndim_fix(name, shape)}")
+    if shape[0] == 0:
+        raise ValueError(f"{name} has zero rows (shape {shape}); pass at least one sample.")
+    if math.isnan(shape[0]):
+        raise ValueError(
+            f"{name} has unknown chunk sizes (shape {shape}); "
+            f"call {name}.compute_chunk_sizes() first."
+        )
+
+
+def _ndim_fix(name: str, shape: tuple[float, ...]) -> str:
+    if len(shape) == 1:
+        return f" Use {name}.reshape(-1, 1) for a single feature."
+    if len(shape) == 2 and shape[1] == 1:
+        return f" Use {name}.ravel() for a single column."
+    return ""
+
+
+def _numpy_rows(
+    X: Any,
+    name: str,
+    allowed: tuple[int, ...],
+    row_chunks: int | None,
+    check_finite: bool,
+    target: np.dtype | None,
+) -> da.Array:
+    x = np.asarray(X)
+    _check_shape(name, x.shape, allowed)
+    x = x.astype(_float_dtype(name, x.dtype, target), copy=False)
+    if check_finite:
+        bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+        if bad.any():
+            raise ValueError(
+                f"{name} contains NaN or infinity in {int(bad.sum())} rows, the first at "
+                f"row {int(np.argmax(bad))}. Drop or impute those rows."
+            )
+    rows = row_chunks or default_row_chunk(len(x), math.prod(x.shape[1:]), x.itemsize)
+    return da.from_array(x, chunks=(rows, *x.shape[1:]), name=f"dkern-{name}-{tokenize(x)}")
+
+
+def _dask_rows(
+    X: da.Array, name: str, allowed: tuple[int, ...], row_chunks: int | None
+) -> da.Array:
+    _check_shape(name, X.shape, allowed)
+    split = [ax for ax in range(1, X.ndim) if len(X.chunks[ax]) > 1]
+    if split:
+        fix = "{" + ", ".join(f"{ax}: -1" for ax in range(1, X.ndim)) + "}"
+        raise ValueError(
+            f"{name} must be chunked along rows only; axes {split} have "
+            f"{[len(X.chunks[ax]) for ax in split]} chunks. Use {name}.rechunk({fix})."
+        )
+    return X if row_chunks is None else X.rechunk({0: row_chunks})
+
+
+def _stored_rows(
+    X: zarr.Array | tuple[Any, str], name: str, allowed: tuple[int, ...], row_chunks: int | None
+) -> da.Array:
+    """Stored input: row chunks span whole Zarr chunks, other axes are merged."""
+    if isinstance(X, zarr.Array):
+        where = str(X.store_path)
+        token = tokenize(where, X.shape, str(X.dtype), X.chunks)
+        x = zarr_to_dask(X, url=where, label=name, token=token)
+    else:
+        x = open_array(*X)
+    _check_shape(name, x.shape, allowed)
+    if row_chunks is None:
+        stored = x.chunks[0][0]
+        wanted = default_row_chunk(x.shape[0], math.prod(x.shape[1:]), x.dtype.itemsize)
+        row_chunks = stored * max(1, wanted // stored)
+    return x.rechunk({0: row_chunks, **{ax: -1 for ax in range(1, x.ndim)}})
+
+
+def _check_finite_lazily(x: da.Array, name: str) -> da.Array:
+    return da.map_blocks(
+        _finite_block,
+        x,
+        name,
+        dtype=x.dtype,
+        meta=x._meta,
+        name=f"dkern-check-{name}-{tokenize(x.name, name)}",
+    )
+
+
+def _finite_block(
+    block: np.ndarray, label: str, block_info: dict[Any, Any] | None = None
+) -> np.ndarray:
+    """Pass ``block`` through; ValueError naming its global rows if any value is not finite."""
+    bad = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)
+    if bad.any():
+        assert block_info is not None  # dask passes it because the signature asks for it
+        start, stop = block_info[0]["array-location"][0]
+        raise ValueError(
+            f"{label} contains NaN or infinity in rows [{start}, {stop}) "
+            f"(first at row {start + int(np.argmax(bad))}). Drop or impute those rows."
+        )
+    return block

@@ -1,0 +1,292 @@
+"""Versioned, checksummed stores: round trips, publishing, refusal, crashes and damage."""
+
+import os
+import pickle
+import uuid
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+from dkern.errors import CorruptChunkError, StoreError
+from dkern.io import list_arrays, open_array, read_attrs, write_array, write_arrays
+
+
+@pytest.fixture(autouse=True)
+def synchronous():
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+@pytest.fixture(params=["local", "memory"])
+def url(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return f"memory://dkern-test-{uuid.uuid4().hex}"
+
+
+def pointer(url, group=""):
+    return zarr.open_group(url, path=group, mode="r").attrs["dkern"]
+
+
+def version_dirs(path):
+    return sorted(set(os.listdir(os.path.join(path, ".dkern"))) - {"zarr.json"})
+
+
+def x_data(n=1001, d=3, dtype=np.float64):
+    return np.random.default_rng(0).standard_normal((n, d)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["numpy", "dask"])
+def test_round_trip_is_exact(url, dtype, kind):
+    x = x_data(dtype=dtype)
+    y = x[:, 0].copy()
+    source = {"numpy": lambda a: a, "dask": lambda a: da.from_array(a, chunks=200)}[kind]
+    write_arrays(url, {"X": source(x), "y": source(y)}, chunk_rows=128)
+    X2, y2 = open_array(url, "X"), open_array(url, "y")
+    assert X2.dtype == dtype and y2.dtype == dtype
+    assert X2.chunks == ((128,) * 7 + (105,), (3,))
+    assert y2.chunks == ((128,) * 7 + (105,),)
+    assert X2.name.startswith("dkern-read-X-")
+    np.testing.assert_array_equal(X2.compute(), x)
+    np.testing.assert_array_equal(y2.compute(), y)
+
+
+def test_regular_dask_row_chunks_are_kept(url):
+    x = x_data()
+    write_arrays(url, {"a": da.from_array(x, chunks=(300, 1)), "b": da.from_array(x, chunks=(500, 3))})
+    assert open_array(url, "a").chunks == ((300, 300, 300, 101), (3,))
+    assert open_array(url, "b").chunks == ((500, 500, 1), (3,))
+    np.testing.assert_array_equal(open_array(url, "b").compute(), x)
+
+
+def test_irregular_dask_chunks_are_regularised(url):
+    x = da.from_array(np.arange(10.0), chunks=((2, 5, 3),))
+    write_array(x, url, "v")
+    assert open_array(url, "v").chunks == ((10,),)  # default_row_chunk(10, 1, 8)
+    write_array(x, url, "w", chunk_rows=4)
+    assert open_array(url, "w").chunks == ((4, 4, 2),)
+    np.testing.assert_array_equal(open_array(url, "w").compute(), np.arange(10.0))
+
+
+def test_int_and_bool_keep_their_dtype(url):
+    write_arrays(url, {"idx": np.arange(7, dtype=np.int64), "mask": np.arange(7) % 2 == 0})
+    assert open_array(url, "idx").dtype == np.int64
+    np.testing.assert_array_equal(open_array(url, "mask").compute(), np.arange(7) % 2 == 0)
+
+
+def test_layout_manifest_and_codecs(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": x_data(n=10)}, attrs={"kernel": "rbf"}, chunk_rows=4)
+    p = pointer(url)
+    assert p["format"] == 1 and p["version"] == 1 and p["attrs"] == {"kernel": "rbf"}
+    entry = p["arrays"]["X"]
+    assert entry["path"] == ".dkern/v1/X"
+    assert (entry["shape"], entry["dtype"], entry["chunks"], entry["n_chunks"]) == (
+        [10, 3],
+        "float64",
+        [4, 3],
+        3,
+    )
+    z = zarr.open_array(url, path=".dkern/v1/X", mode="r")
+    names = [type(c).__name__ for c in z.metadata.codecs]
+    assert names == ["BytesCodec", "ZstdCodec", "Crc32cCodec"]
+    assert sorted(os.listdir(tmp_path / "s/.dkern/v1/X/c")) == ["0", "1", "2"]
+
+
+def test_list_and_attrs_merge_across_writes(url):
+    write_arrays(url, {"X": np.ones((4, 2)), "y": np.ones(4)}, attrs={"a": 1, "b": [1, 2]})
+    write_arrays(url, {"pred": np.zeros(4)}, attrs={"b": "new"})
+    assert list_arrays(url) == ["X", "pred", "y"]
+    assert read_attrs(url) == {"a": 1, "b": "new"}
+
+
+def test_writing_pred_keeps_x(url):
+    x = x_data(n=50)
+    write_arrays(url, {"X": x})
+    write_array(np.arange(50.0), url, "pred")
+    assert pointer(url)["arrays"]["X"]["path"] == ".dkern/v1/X"
+    assert pointer(url)["arrays"]["pred"]["path"] == ".dkern/v2/pred"
+    np.testing.assert_array_equal(open_array(url, "X").compute(), x)
+
+
+def test_overwrite_refused_and_old_data_intact(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones((5, 2)), "y": np.ones(5)})
+    before = pointer(url)
+    with pytest.raises(StoreError, match=r"already has arrays \['X'\]; pass overwrite=True"):
+        write_arrays(url, {"X": np.zeros((5, 2)), "z": np.zeros(5)})
+    assert pointer(url) == before
+    assert version_dirs(url) == ["v1"]  # nothing was created for the refused write
+    np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones((5, 2)))
+    assert list_arrays(url) == ["X", "y"]
+
+
+def test_overwrite_replaces_and_deletes_superseded(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones((5, 2)), "y": np.ones(5)})
+    write_arrays(url, {"X": np.zeros((5, 2))}, overwrite=True)
+    assert version_dirs(url) == ["v1", "v2"]  # y still lives in v1
+    assert sorted(os.listdir(tmp_path / "s/.dkern/v1")) == ["y", "zarr.json"]
+    write_arrays(url, {"y": np.zeros(5)}, overwrite=True)
+    assert version_dirs(url) == ["v2", "v3"]  # v1 held nothing in use any more
+    np.testing.assert_array_equal(open_array(url, "X").compute(), np.zeros((5, 2)))
+    np.testing.assert_array_equal(open_array(url, "y").compute(), np.zeros(5))
+
+
+def _fail_on_third(block, block_info=None):
+    if block_info[0]["chunk-location"][0] == 2:
+        raise RuntimeError("worker died")
+    return block
+
+
+def test_crash_mid_write_keeps_previous_version(tmp_path):
+    url = str(tmp_path / "s")
+    old = x_data(n=100)
+    write_arrays(url, {"X": old, "y": old[:, 0]}, chunk_rows=10)
+    before = pointer(url)
+    bad = da.from_array(np.zeros((100, 3)), chunks=(10, 3)).map_blocks(_fail_on_third, dtype=float)
+    with pytest.raises(RuntimeError, match="worker died"):
+        write_arrays(url, {"X": bad, "y": np.zeros(100)}, overwrite=True, chunk_rows=10)
+    assert pointer(url) == before
+    assert version_dirs(url) == ["v1"]  # the partial version was removed
+    np.testing.assert_array_equal(open_array(url, "X").compute(), old)
+    np.testing.assert_array_equal(open_array(url, "y").compute(), old[:, 0])
+
+
+def test_leftovers_of_a_killed_write_are_never_visible_and_get_replaced(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones((4, 2))})
+    # A process killed mid-write leaves an unpublished version behind.
+    zarr.create_array(url, name=".dkern/v2/X", shape=(4, 2), dtype="f8", fill_value=7.0)
+    np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones((4, 2)))
+    write_arrays(url, {"y": np.arange(3.0)})
+    assert sorted(os.listdir(tmp_path / "s/.dkern/v2")) == ["y", "zarr.json"]
+    np.testing.assert_array_equal(open_array(url, "y").compute(), np.arange(3.0))
+
+
+def test_flipped_byte_raises_corrupt_chunk_naming_it(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": x_data(n=100)}, chunk_rows=30)
+    chunk = tmp_path / "s/.dkern/v1/X/c/2/0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    chunk.write_bytes(bytes(raw))
+    X = open_array(url, "X")
+    np.testing.assert_array_equal(X[:60].compute(), x_data(n=100)[:60])  # other chunks read
+    with pytest.raises(CorruptChunkError, match=r"array 'X': chunk \(2, 0\) failed its checksum"):
+        X.compute()
+    with pytest.raises(CorruptChunkError, match=repr(url)):
+        open_array(url, "X", verify=False).compute()
+
+
+def test_deleted_chunk_raises_corrupt_chunk(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"y": np.arange(100.0)}, chunk_rows=30)
+    os.remove(tmp_path / "s/.dkern/v1/y/c/1")
+    with pytest.raises(
+        CorruptChunkError,
+        match=r"array 'y': chunk \(1,\) \(key '.dkern/v1/y/c/1'"
+        r"\) is missing",
+    ):
+        open_array(url, "y").compute()
+    # without verification zarr reads the missing chunk as the fill value
+    assert open_array(url, "y", verify=False).compute()[30:60].sum() == 0.0
+
+
+def test_all_zero_chunks_are_written(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"z": np.zeros((20, 2))}, chunk_rows=10)
+    assert sorted(os.listdir(tmp_path / "s/.dkern/v1/z/c")) == ["0", "1"]
+    np.testing.assert_array_equal(open_array(url, "z").compute(), np.zeros((20, 2)))
+
+
+def test_manifest_mismatch_and_unknown_format(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones((4, 2))})
+    g = zarr.open_group(url, mode="a")
+    p = g.attrs["dkern"]
+    p["arrays"]["X"]["shape"] = [5, 2]
+    g.update_attributes({"dkern": p})
+    with pytest.raises(StoreError, match=r"'X' does not match its manifest: expected \{'shape'"):
+        open_array(url, "X")
+    g.update_attributes({"dkern": {**p, "format": 99}})
+    with pytest.raises(StoreError, match="pointer of format 99; this dkern reads format 1"):
+        open_array(url, "X")
+
+
+def test_missing_store_and_array(url):
+    with pytest.raises(StoreError, match=f"no Zarr group at {url!r}"):
+        open_array(url, "X")
+    with pytest.raises(StoreError, match=f"no Zarr group at {url!r}"):
+        list_arrays(url)
+    write_arrays(url, {"X": np.ones((2, 2)), "y": np.ones(2)})
+    with pytest.raises(
+        StoreError,
+        match=r"has no array 'Z' \(nothing there\); arrays present: "
+        r"\['X', 'y'\]",
+    ):
+        open_array(url, "Z")
+    with pytest.raises(
+        StoreError,
+        match=r"no group 'g', so no array 'g/X'; arrays at the top: "
+        r"\['X', 'y'\]",
+    ):
+        open_array(url, "g/X")
+
+
+def test_plain_zarr_array_is_opened_as_is_and_guarded(tmp_path):
+    url = str(tmp_path / "s")
+    g = zarr.open_group(url, mode="w")
+    g.create_array("raw", shape=(6, 4), chunks=(4, 2), dtype="i4")[...] = np.arange(24).reshape(
+        6, 4
+    )
+    raw = open_array(url, "raw")
+    assert raw.chunks == ((4, 2), (2, 2))
+    np.testing.assert_array_equal(raw.compute(), np.arange(24).reshape(6, 4))
+    write_array(np.ones(3), url, "pred")
+    assert list_arrays(url) == ["pred", "raw"]
+    with pytest.raises(StoreError, match="already has arrays"):
+        write_array(np.ones(3), url, "raw")
+    write_array(np.zeros((6, 4)), url, "raw", overwrite=True)
+    assert "raw" not in zarr.open_group(url, mode="r")  # the plain array was superseded
+    np.testing.assert_array_equal(open_array(url, "raw").compute(), np.zeros((6, 4)))
+
+
+def test_groups(url):
+    write_array(np.arange(3.0), url, "models/krr/coef")
+    write_arrays(url, {"X": np.ones((2, 1))})
+    assert list_arrays(url, "models/krr") == ["coef"]
+    assert list_arrays(url) == ["X"]
+    np.testing.assert_array_equal(open_array(url, "models/krr/coef").compute(), np.arange(3.0))
+
+
+@pytest.mark.parametrize(
+    ("arrays", "kwargs", "error", "match"),
+    [
+        ({}, {}, ValueError, "non-empty mapping"),
+        ({"a/b": np.ones(2)}, {}, ValueError, "got 'a/b'"),
+        ({".hidden": np.ones(2)}, {}, ValueError, "got '.hidden'"),
+        ({"s": np.array(["a"])}, {}, TypeError, "s must have a bool, integer or floating"),
+        ({"s": np.float64(1.0)}, {}, ValueError, "s is 0-D"),
+        ({"X": np.ones(2)}, {"attrs": {"a": np.float32(1)}}, TypeError, r"\.item\(\)"),
+        ({"X": np.ones(2)}, {"chunk_rows": -1}, ValueError, "chunk_rows must be a positive int"),
+    ],
+)
+def test_bad_write_touches_nothing(tmp_path, arrays, kwargs, error, match):
+    url = tmp_path / "s"
+    with pytest.raises(error, match=match):
+        write_arrays(url, arrays, **kwargs)
+    assert not url.exists()
+
+
+def test_opened_array_pickles_and_reads_with_threads(tmp_path):
+    url = str(tmp_path / "s")
+    x = x_data(n=500)
+    write_arrays(url, {"X": x}, chunk_rows=50)
+    X = pickle.loads(pickle.dumps(open_array(url, "X")))
+    with dask.config.set(scheduler="threads"):
+        np.testing.assert_array_equal(X.compute(), x)
