@@ -57,7 +57,8 @@ def test_round_trip_is_exact(url, dtype, kind):
 
 def test_regular_dask_row_chunks_are_kept(url):
     x = x_data()
-    write_arrays(url, {"a": da.from_array(x, chunks=(300, 1)), "b": da.from_array(x, chunks=(500, 3))})
+    a, b = da.from_array(x, chunks=(300, 1)), da.from_array(x, chunks=(500, 3))
+    write_arrays(url, {"a": a, "b": b})
     assert open_array(url, "a").chunks == ((300, 300, 300, 101), (3,))
     assert open_array(url, "b").chunks == ((500, 500, 1), (3,))
     np.testing.assert_array_equal(open_array(url, "b").compute(), x)

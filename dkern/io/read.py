@@ -102,11 +102,8 @@ def zarr_to_dask(z: zarr.Array, *, url: str, label: str, token: str) -> da.Array
     )
 
 
-def _read_block(
-    z: zarr.Array, url: str, label: str, block_info: dict[Any, Any] | None = None
-) -> np.ndarray:
+def _read_block(z: zarr.Array, url: str, label: str, *, block_info: dict[Any, Any]) -> np.ndarray:
     """Read the Zarr chunk ``block_info`` locates; damage becomes CorruptChunkError."""
-    assert block_info is not None  # dask passes it because the signature asks for it
     region = tuple(slice(lo, hi) for lo, hi in block_info[None]["array-location"])
     index = tuple(block_info[None]["chunk-location"])
     try:

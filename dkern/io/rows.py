@@ -210,13 +210,10 @@ def _check_finite_lazily(x: da.Array, name: str) -> da.Array:
     )
 
 
-def _finite_block(
-    block: np.ndarray, label: str, block_info: dict[Any, Any] | None = None
-) -> np.ndarray:
+def _finite_block(block: np.ndarray, label: str, *, block_info: dict[Any, Any]) -> np.ndarray:
     """Pass ``block`` through; ValueError naming its global rows if any value is not finite."""
     bad = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)
     if bad.any():
-        assert block_info is not None  # dask passes it because the signature asks for it
         start, stop = block_info[0]["array-location"][0]
         raise ValueError(
             f"{label} contains NaN or infinity in rows [{start}, {stop}) "

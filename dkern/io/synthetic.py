@@ -119,10 +119,10 @@ def _regression_block(
     noise: float,
     dtype: np.dtype,
     stream: int,
-    block_info: dict[Any, Any] | None = None,
+    *,
+    block_info: dict[Any, Any],
 ) -> np.ndarray:
     """Rows ``[start, stop)`` of ``[X | y]``, shape (stop - start, d + 1)."""
-    assert block_info is not None  # dask passes it because the signature asks for it
     start, stop = block_info[None]["array-location"][0]
     first, last = start // _GEN_ROWS, (stop - 1) // _GEN_ROWS
     parts = [_generator_rows(d, seed, stream, b) for b in range(first, last + 1)]

@@ -87,6 +87,14 @@ def write_arrays(
         A name already exists and ``overwrite`` is False.
     ValueError, TypeError
         A bad name, shape, dtype, ``chunk_rows`` or attribute. Nothing is written.
+
+    Notes
+    -----
+    Layout: array ``name`` of version ``k`` is the Zarr array ``.dkern/v{k}/<name>``
+    of the group; the group attribute ``"dkern"`` maps each name to its path,
+    shape, dtype, chunks and chunk count (see :mod:`dkern.io._store`). Only the
+    pointer update publishes, so a write that dies midway leaves the previous
+    version visible and complete. One writer per group at a time.
     """
     url = os.fspath(url)
     group = group.strip("/")
