@@ -1,0 +1,78 @@
+"""A small operator base: subclasses give ``shape``, ``dtype``, the vector chunking
+they multiply, and ``_matvec``; the rest (input checks, ``@``, ``+ alpha``) is here."""
+
+from __future__ import annotations
+
+from numbers import Real
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+
+class Operator:
+    """A linear operator of shape (n, m) acting on dask arrays, never materialised.
+
+    Subclasses set ``shape``, ``dtype`` and ``col_chunks`` (the row chunks a
+    vector must have to be multiplied) and implement ``_matvec``.
+    """
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    col_chunks: tuple[int, ...]
+
+    def _matvec(self, V: da.Array) -> da.Array:
+        """``self @ V`` for V of shape (m, t) chunked as ``(col_chunks, t)``."""
+        raise NotImplementedError
+
+    @property
+    def is_square(self) -> bool:
+        """True for an operator whose rows and columns index the same points."""
+        return False
+
+    def matvec(self, V: Any) -> da.Array:
+        """``self @ V`` as a lazy dask array.
+
+        Parameters
+        ----------
+        V : array-like of shape (m,) or (m, t)
+            numpy or dask; rechunked to the operator's column chunks.
+
+        Returns
+        -------
+        dask.array.Array of shape (n,) or (n, t), ``self.dtype``
+        """
+        V2 = self.as_operand(V)
+        out = self._matvec(V2)
+        return out[:, 0] if np.ndim(V) == 1 else out
+
+    __matmul__ = matvec
+
+    def as_operand(self, V: Any) -> da.Array:
+        """V as a dask array of shape (m, t) chunked like the operator's columns."""
+        if not isinstance(V, da.Array):
+            V = np.asarray(V)
+            if not np.issubdtype(V.dtype, np.number) or np.iscomplexobj(V):
+                raise TypeError(f"V must be a real numeric array; got dtype {V.dtype}.")
+            if V.ndim in (1, 2) and not np.all(np.isfinite(V)):
+                raise ValueError("V contains NaN or Inf; the product would be NaN.")
+        if V.ndim not in (1, 2) or V.shape[0] != self.shape[1]:
+            raise ValueError(f"V must have shape ({self.shape[1]},) or ({self.shape[1]}, t) to "
+                             f"multiply an operator of shape {self.shape}; got V of shape {V.shape}.")
+        V2 = V.reshape(V.shape[0], -1) if V.ndim == 1 else V
+        V2 = V2.astype(self.dtype, copy=False)
+        if isinstance(V2, da.Array):
+            return V2.rechunk((self.col_chunks, -1))
+        return da.from_array(V2, chunks=(self.col_chunks, -1))
+
+    def __add__(self, alpha: float) -> Operator:
+        from .shifted import ShiftedOperator
+
+        if not isinstance(alpha, Real):
+            return NotImplemented
+        return ShiftedOperator(self, float(alpha))
+
+    __radd__ = __add__
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} shape={self.shape} dtype={self.dtype}>"

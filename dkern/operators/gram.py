@@ -1,0 +1,122 @@
+"""The lazy Gram operator ``K(X, Z)`` over dask row chunks; never materialised.
+
+``op @ V`` is one ``blockwise`` task per (row chunk of X, row chunk of Z): each
+evaluates its kernel block times its block of V (tiled by the backend, so a
+task's memory is bounded whatever the chunk sizes) and returns an (n_i, t)
+partial sum; a tree ``reduction`` adds the partial sums over Z's chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
+from ..io import as_rows
+from ..kernels import Kernel
+from .base import Operator
+
+
+def gram_matvec_block(x: np.ndarray, z: np.ndarray, v: np.ndarray, *, kernel: Kernel,
+                      backend: str) -> np.ndarray:
+    """One task: ``kernel(x, z) @ v`` as an (n_i, 1, t) float64 partial sum."""
+    if backend == "keops":
+        return matvec_block_keops(kernel, x, z, v)[:, None, :]
+    return matvec_block_numpy(kernel, x, z, v)[:, None, :]
+
+
+def kernel_diag_block(x: np.ndarray, *, kernel: Kernel, out_dtype: np.dtype) -> np.ndarray:
+    """One task: ``kernel.diag(x)``; shape (n_i,)."""
+    return np.asarray(kernel.diag(x), dtype=out_dtype)
+
+
+class GramOperator(Operator):
+    """``K[i, j] = kernel(X[i], Z[j])`` as a lazy operator of shape (n, m).
+
+    Build it with :func:`dkern.gram`. Memory of one matvec task: the row blocks
+    ``X_i`` (n_i × d) and ``Z_j`` (m_j × d), ``V_j`` (m_j × t), the float64
+    partial sum (n_i × t), and for the numpy backend one kernel tile of 4 MiB
+    (plus two temporaries of that size); never an n × m matrix.
+    """
+
+    def __init__(self, kernel: Kernel, X: da.Array, Z: da.Array | None, backend: str) -> None:
+        self.kernel, self.X, self.backend = kernel, X, backend
+        self.Z = X if Z is None else Z
+        self.shape = (X.shape[0], self.Z.shape[0])
+        self.dtype = X.dtype
+        self.col_chunks = self.Z.chunks[0]
+
+    @property
+    def is_square(self) -> bool:
+        return self.Z is self.X
+
+    def _matvec(self, V: da.Array) -> da.Array:
+        token = tokenize(self.kernel, self.X.name, self.Z.name, V.name, self.backend)
+        parts = da.blockwise(
+            gram_matvec_block, "ijt", self.X, "if", self.Z, "jf", V, "jt",
+            adjust_chunks={"j": 1}, concatenate=True, dtype=np.float64, meta=np.empty((0, 0, 0)),
+            name=f"dkern-gram-{token}", kernel=self.kernel, backend=self.backend)
+        total = da.reduction(parts, np.sum, np.sum, axis=1, dtype=np.float64,
+                             name=f"dkern-gram-sum-{token}")
+        return total.astype(self.dtype, copy=False)
+
+    def diag(self) -> da.Array:
+        """``kernel(X[i], X[i])`` for a square operator; shape (n,)."""
+        if not self.is_square:
+            raise ValueError(f"diag() needs a square operator gram(kernel, X); this one has "
+                             f"shape {self.shape} with Z given.")
+        return self.X.map_blocks(kernel_diag_block, drop_axis=1, dtype=self.dtype,
+                                 meta=np.empty((0,), self.dtype), kernel=self.kernel,
+                                 out_dtype=self.dtype, name=f"dkern-diag-{tokenize(self.kernel, self.X.name)}")
+
+    @property
+    def T(self) -> GramOperator:
+        """The transpose ``K(Z, X)`` (kernels are symmetric functions)."""
+        if self.is_square:
+            return self
+        return GramOperator(self.kernel, self.Z, self.X, self.backend)
+
+
+def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
+         dtype: Any = None, check_finite: bool = True) -> GramOperator:
+    """The lazy Gram operator ``K(X, Z)``, never materialised.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        A dkern kernel, e.g. ``dkern.kernels.Gaussian(lengthscale=2.0)``.
+    X : array-like of shape (n, d)
+        numpy, dask or Zarr array, or ``(url, path)`` of an array in a Zarr store.
+        Rows may be chunked; the feature axis must be one chunk.
+    Z : array-like of shape (m, d), optional
+        Same forms as X; ``None`` gives the square operator ``K(X, X)``.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How blocks are computed; ``"auto"`` logs its choice and reason.
+    dtype : {None, numpy.float32, numpy.float64}
+        Compute dtype; by default float32 data stays float32, anything else is float64.
+    check_finite : bool, default=True
+        Reject NaN/Inf in X and Z (lazily, as chunks are read, for dask/Zarr input).
+
+    Returns
+    -------
+    GramOperator
+        Supports ``op @ V`` for V of shape (m,) or (m, t), ``op.T``, ``op.diag()``
+        and ``op + alpha`` (``K + alpha I``, square operators only).
+    """
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0); "
+                        f"got {type(kernel).__name__}.")
+    concrete = resolve_backend(backend)
+    Xd = as_rows(X, name="X", dtype=dtype, check_finite=check_finite)
+    if dtype is None and Xd.dtype != np.float32:
+        Xd = Xd.astype(np.float64)
+    Zd = None
+    if Z is not None:
+        Zd = as_rows(Z, name="Z", dtype=Xd.dtype, check_finite=check_finite)
+        if Zd.shape[1] != Xd.shape[1]:
+            raise ValueError(f"X and Z must have the same number of features; got X of shape "
+                             f"{Xd.shape} and Z of shape {Zd.shape}.")
+    return GramOperator(kernel, Xd, Zd, concrete)

@@ -1,0 +1,202 @@
+"""The lazy Gram operator against dense numpy products, for every input kind and chunking."""
+
+import tracemalloc
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import dkern
+from dkern.io import write_array
+from dkern.kernels import Gaussian, Laplacian, Linear
+
+RNG = np.random.default_rng(7)
+N, M, D = 503, 311, 4
+X = RNG.uniform(-2, 2, size=(N, D))
+Z = RNG.uniform(-2, 2, size=(M, D))
+KERNEL = Gaussian(1.3)
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def rel_err(got, want):
+    return np.max(np.abs(got - want)) / np.max(np.abs(want))
+
+
+def as_input(kind, A, chunks, tmp_path, name):
+    if kind == "numpy":
+        return A
+    if kind == "dask":
+        return da.from_array(A, chunks=(chunks, -1))
+    url = str(tmp_path / f"{name}.zarr")
+    write_array(A, url, name, chunk_rows=chunks)
+    return (url, name)
+
+
+CHUNKINGS = {  # rows per chunk: uneven, one-row, single chunk
+    "uneven": 97, "one_row": 1, "single": N,
+}
+
+
+@pytest.mark.parametrize("kind", ["numpy", "dask", "zarr"])
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+@pytest.mark.parametrize("t", [1, 3])
+def test_matvec_matches_dense_float64(kind, chunking, t, tmp_path, sync_scheduler):
+    rows = CHUNKINGS[chunking]
+    if chunking == "one_row" and kind == "zarr":
+        rows = 7  # a one-row-chunk Zarr array of 503 rows is 503 files; 7 keeps it uneven
+    Xin = as_input(kind, X, rows, tmp_path, "X")
+    Zin = as_input(kind, Z, {"uneven": 50, "one_row": 64, "single": M}[chunking], tmp_path, "Z")
+    V = RNG.normal(size=(M, t))
+    op = dkern.gram(KERNEL, Xin, Zin, backend="numpy")
+    got = (op @ V[:, 0] if t == 1 else op @ V).compute()
+    want = KERNEL(X, Z) @ V
+    assert got.shape == ((N,) if t == 1 else (N, t))
+    assert rel_err(got.reshape(N, t), want) < TOL[np.float64]
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_matvec_float32(t, sync_scheduler):
+    X32, Z32, V = X.astype(np.float32), Z.astype(np.float32), RNG.normal(size=(M, t))
+    op = dkern.gram(KERNEL, da.from_array(X32, chunks=(101, -1)), Z32, backend="numpy")
+    assert op.dtype == np.float32
+    got = (op @ V).compute()
+    assert got.dtype == np.float32
+    assert rel_err(got, KERNEL(X, Z) @ V) < TOL[np.float32]
+
+
+@pytest.mark.keops
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_keops_backend_through_dask(dtype, sync_scheduler):
+    V = RNG.normal(size=(M, 1))
+    op = dkern.gram(KERNEL, da.from_array(X.astype(dtype), chunks=(97, -1)), Z.astype(dtype),
+                    backend="keops")
+    assert rel_err((op @ V).compute(), KERNEL(X, Z) @ V) < TOL[dtype]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matvec_on_local_cluster(cluster_client, dtype, tmp_path):
+    url = str(tmp_path / "data.zarr")
+    write_array(X.astype(dtype), url, "X", chunk_rows=97)
+    V = RNG.normal(size=(M, 3))
+    op = dkern.gram(Laplacian(0.9) + 0.5 * Linear(), (url, "X"),
+                    da.from_array(Z.astype(dtype), chunks=(60, -1)), backend="numpy")
+    got = cluster_client.compute(op @ V).result()
+    want = (Laplacian(0.9) + 0.5 * Linear())(X, Z) @ V
+    assert rel_err(got, want) < TOL[dtype]
+    workers = {w for w, _ in cluster_client.who_has().items()} or set(cluster_client.nthreads())
+    assert len(cluster_client.nthreads()) == 2 and workers
+
+
+def test_one_row_chunks_on_both_sides(sync_scheduler):
+    Xs, Zs, V = X[:40], Z[:30], RNG.normal(size=(30, 2))
+    op = dkern.gram(KERNEL, da.from_array(Xs, chunks=(1, -1)), da.from_array(Zs, chunks=(1, -1)),
+                    backend="numpy")
+    assert rel_err((op @ V).compute(), KERNEL(Xs, Zs) @ V) < 1e-12
+
+
+def test_square_operator_shift_transpose_and_diag(sync_scheduler):
+    op = dkern.gram(KERNEL, da.from_array(X, chunks=(128, -1)), backend="numpy")
+    v = RNG.normal(size=N)
+    dense = KERNEL(X, X)
+    assert rel_err(((op + 0.25) @ v).compute(), (dense + 0.25 * np.eye(N)) @ v) < 1e-12
+    assert rel_err(((0.25 + op) @ v).compute(), (dense + 0.25 * np.eye(N)) @ v) < 1e-12
+    np.testing.assert_allclose((op + 0.25).diag().compute(), np.diag(dense) + 0.25, rtol=1e-15)
+    rect = dkern.gram(KERNEL, X, Z, backend="numpy")
+    w = RNG.normal(size=N)
+    assert rect.T.shape == (M, N)
+    assert rel_err((rect.T @ w).compute(), KERNEL(X, Z).T @ w) < 1e-12
+
+
+def test_task_keys_read_well_in_dashboard(sync_scheduler):
+    op = dkern.gram(KERNEL, da.from_array(X, chunks=(128, -1)), Z, backend="numpy")
+    names = {k[0] if isinstance(k, tuple) else k for k in dict((op @ Z[:, 0]).dask)}
+    assert any(n.startswith("dkern-gram-") for n in names)
+    assert (op @ Z[:, :2]).name.startswith("dkern-gram-sum-")
+
+
+def test_no_task_builds_the_dense_matrix(sync_scheduler):
+    """n=40,000 × m=5,000: the dense Gram matrix would be 1.6 GB; the matvec must stay < 100 MB."""
+    n, m = 40_000, 5_000
+    Xb = RNG.uniform(size=(n, 3))
+    Zb = RNG.uniform(size=(m, 3))
+    V = RNG.normal(size=m)
+    op = dkern.gram(Gaussian(0.5), da.from_array(Xb, chunks=(10_000, -1)),
+                    da.from_array(Zb, chunks=(m, -1)), backend="numpy")
+    product = op @ V
+    tracemalloc.start()
+    try:
+        got = product.compute()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * 2**20, f"peak traced memory {peak / 2**20:.0f} MiB"
+    rows = RNG.choice(n, 200, replace=False)  # check a sample of rows densely
+    np.testing.assert_allclose(got[rows], Gaussian(0.5)(Xb[rows], Zb) @ V, rtol=1e-11)
+
+
+# ---------------------------------------------------------------- bad input
+def test_nan_in_numpy_x_is_reported_with_name():
+    bad = X.copy()
+    bad[5, 1] = np.nan
+    with pytest.raises(ValueError, match="X"):
+        dkern.gram(KERNEL, bad, Z)
+
+
+def test_inf_in_dask_z_is_reported_lazily(sync_scheduler):
+    bad = Z.copy()
+    bad[200, 0] = np.inf
+    op = dkern.gram(KERNEL, X, da.from_array(bad, chunks=(100, -1)), backend="numpy")
+    with pytest.raises(ValueError, match="Z.*(NaN|Inf|finite)"):
+        (op @ np.ones(M)).compute()
+    unchecked = dkern.gram(KERNEL, X, da.from_array(bad, chunks=(100, -1)), backend="numpy",
+                           check_finite=False)
+    assert np.isnan((unchecked @ np.ones(M)).compute()).any()  # unchecked: silent NaN
+
+
+def test_feature_mismatch_names_both_shapes():
+    with pytest.raises(ValueError, match=r"\(503, 4\).*\(311, 3\)"):
+        dkern.gram(KERNEL, X, Z[:, :3])
+
+
+def test_vector_length_mismatch_names_both_shapes():
+    op = dkern.gram(KERNEL, X, Z, backend="numpy")
+    with pytest.raises(ValueError, match=r"\(311,\).*\(503, 311\).*\(310,\)"):
+        op @ np.ones(310)
+
+
+def test_non_numeric_dtypes_are_type_errors():
+    with pytest.raises(TypeError, match="X"):
+        dkern.gram(KERNEL, X.astype(str), Z)
+    op = dkern.gram(KERNEL, X, Z, backend="numpy")
+    with pytest.raises(TypeError, match="V must be a real numeric array"):
+        op @ np.array(["a"] * M)
+
+
+def test_chunked_feature_axis_gives_the_fix():
+    with pytest.raises(ValueError, match=r"X\.rechunk\(\{1: -1\}\)"):
+        dkern.gram(KERNEL, da.from_array(X, chunks=(100, 2)), Z)
+
+
+def test_unknown_backend_and_bad_kernel():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        dkern.gram(KERNEL, X, backend="cuda")
+    with pytest.raises(TypeError, match="kernel must be a dkern kernel"):
+        dkern.gram("rbf", X)
+
+
+def test_shift_and_diag_need_a_square_operator():
+    op = dkern.gram(KERNEL, X, Z, backend="numpy")
+    with pytest.raises(ValueError, match="square operator"):
+        op + 1.0
+    with pytest.raises(ValueError, match="square operator"):
+        op.diag()
+
+
+def test_threaded_scheduler_gives_same_result():
+    op = dkern.gram(KERNEL, da.from_array(X, chunks=(50, -1)), Z, backend="numpy")
+    v = RNG.normal(size=M)
+    with dask.config.set(scheduler="threads"):
+        got = (op @ v).compute()
+    assert rel_err(got, KERNEL(X, Z) @ v) < 1e-12
