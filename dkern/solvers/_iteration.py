@@ -1,0 +1,158 @@
+"""The block preconditioned CG loop, written once for dask and for numpy vectors.
+
+One reduction per iteration: the loop is the single-synchronisation variant of
+Chronopoulos & Gear (1989), "s-step iterative methods for symmetric linear
+systems", §2. With ``u = M r`` and ``w = A u`` formed before any scalar is
+known, every inner product of the iteration comes back from one
+``dask.compute``:
+
+* ``γ = rᵀu`` (so ``β = γ / γ_old``), ``ρ = rᵀr`` (the convergence test);
+* ``δ = uᵀw``, ``ε = uᵀs`` and ``φ = pᵀs`` with ``s = A p`` of the previous
+  direction, so the new direction ``p' = u + βp`` has
+  ``p'ᵀAp' = δ + 2βε + β²φ`` exactly (no orthogonality assumed, so the
+  identity survives residual replacement), and ``s' = w + βs`` needs no matvec.
+
+Each column has its own step: a column whose relative residual is below
+``tol`` gets ``α = 0`` and stops moving. The recursive residual is replaced by
+the true ``B − AX`` every ``refresh_every`` steps and before stopping
+(van der Vorst & Ye 2000, "Residual replacement strategies"), so the history's
+last row and the convergence flags are always true residuals.
+
+With dask vectors, ``persist`` keeps X, R, P, S on the cluster and the graph of
+each iteration starts from persisted chunks, so it never grows; with numpy
+vectors (Falkon's M-dimensional system) ``persist`` and ``compute`` pass them
+through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import dask
+import numpy as np
+
+from ..errors import DkernError, NotPositiveDefiniteError
+
+logger = logging.getLogger("dkern.solvers.cg")
+
+Vectors = Any  # dask.array.Array or numpy.ndarray of shape (n, t)
+
+
+class LoopResult(NamedTuple):
+    x: Vectors
+    n_iter: int
+    residuals: np.ndarray
+    converged: np.ndarray
+
+
+class Scalars(NamedTuple):
+    """The inner products of one iteration, each of shape (t,), float64."""
+
+    rho: np.ndarray  # rᵀr
+    gamma: np.ndarray  # rᵀu
+    delta: np.ndarray  # uᵀw
+    eps: np.ndarray  # uᵀs_old
+    phi: np.ndarray  # pᵀs_old
+
+
+def _dot(a: Vectors, b: Vectors) -> Vectors:
+    """Column-wise inner products in float64; shape (t,)."""
+    return (a * b).sum(axis=0, dtype=np.float64)
+
+
+def _check_finite(values: Scalars, k: int) -> None:
+    for name, v in values._asdict().items():
+        bad = ~np.isfinite(v)
+        if bad.any():
+            raise DkernError(
+                f"CG iteration {k}: the inner product {name} is {v[bad][0]} for right-hand side "
+                f"column {int(np.argmax(bad))}. The operator or preconditioner produced NaN/Inf "
+                "(check the data, the kernel parameters and alpha); no solution is returned.")
+
+
+def _step_sizes(s: Scalars, gamma_old: np.ndarray, restart: np.ndarray, active: np.ndarray,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(α, β) per column; ``restart`` columns take β = 0, inactive columns α = 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        beta = np.where(restart | ~active, 0.0, s.gamma / gamma_old)
+        pAp = s.delta + 2.0 * beta * s.eps + beta * beta * s.phi  # p'ᵀAp' (module docstring)
+        bad = active & ~(pAp > 0)
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise NotPositiveDefiniteError(
+                f"CG iteration {k}: pᵀAp = {pAp[j]:.3e} <= 0 for column {j}, so the operator is "
+                "not positive definite. Either the kernel is not positive semi-definite (check it "
+                "with dkern.kernels.check_psd) or alpha is too small or negative: use alpha > 0 "
+                "large enough to dominate rounding, e.g. 1e-6 times the largest kernel value.")
+        alpha = np.where(active, s.gamma / pAp, 0.0)
+    return alpha, beta
+
+
+def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vectors], Vectors],
+                  B: Vectors, X: Vectors, *, x0_given: bool, tol: float, max_iter: int,
+                  refresh_every: int,
+                  callback: Callable[[int, np.ndarray], None] | None = None,
+                  progress: Any = None) -> LoopResult:
+    """Run block PCG from X on ``A X = B``; see the module docstring for the algorithm."""
+    (bnorm,) = dask.compute(np.sqrt(_dot(B, B)))
+    bnorm = np.where(bnorm > 0, bnorm, 1.0)  # a zero column is solved by x = 0 at once
+    R = B - matvec(X) if x0_given else B
+    X, R = dask.persist(X, R)
+    P = S = None
+    gamma_old = np.ones_like(bnorm)
+    was_active = np.zeros(bnorm.shape, dtype=bool)
+    history: list[np.ndarray] = []
+    k, since_refresh, is_true, verify = 0, 0, True, False
+    while True:
+        if since_refresh >= refresh_every:  # residual replacement, before this step's matvecs
+            (R,) = dask.persist(B - matvec(X))
+            is_true, since_refresh = True, 0
+        if verify:  # a refreshed residual after the recursive one said "stop": check it alone
+            (rho,) = dask.compute(_dot(R, R))
+            _check_finite(Scalars(rho, rho, rho, rho, rho), k)
+            rel = np.sqrt(rho) / bnorm
+            history[k:] = [rel]
+            active, verify = rel > tol, False
+            if not active.any() or k >= max_iter:
+                break
+        U = precond(R)
+        W = matvec(U)
+        U, W = dask.persist(U, W)
+        lazy = [_dot(R, R), _dot(R, U), _dot(U, W)]
+        lazy += [_dot(U, S), _dot(P, S)] if P is not None else [0 * bnorm, 0 * bnorm]
+        s = Scalars(*(np.asarray(v, dtype=np.float64) for v in dask.compute(*lazy)))
+        _check_finite(s, k)
+        rel = np.sqrt(np.maximum(s.rho, 0.0)) / bnorm
+        history[k:] = [rel]
+        active = rel > tol
+        _report(k, rel, active, callback, progress)
+        done = not active.any() or k >= max_iter
+        if done and is_true:
+            break
+        if done:  # the recursive residual says stop: confirm with the true one B - A X
+            (R,) = dask.persist(B - matvec(X))
+            is_true, since_refresh, verify = True, 0, True
+            continue
+        alpha, beta = _step_sizes(s, gamma_old, ~was_active, active, k)
+        P = U if P is None else U + P * beta
+        S = W if S is None else W + S * beta
+        X, R = X + P * alpha, R - S * alpha
+        X, R, P, S = dask.persist(X, R, P, S)
+        gamma_old = np.where(active, s.gamma, gamma_old)
+        was_active = active
+        k, since_refresh, is_true = k + 1, since_refresh + 1, False
+    return LoopResult(X, k, np.vstack(history), ~active)
+
+
+def _report(k: int, rel: np.ndarray, active: np.ndarray,
+            callback: Callable[[int, np.ndarray], None] | None, progress: Any) -> None:
+    """Tell the callback, the progress bar and the log about iteration k (scalars only)."""
+    if callback is not None:
+        callback(k, rel.copy())
+    if progress is not None:
+        progress.n = k
+        progress.set_postfix(residual=f"{rel.max():.2e}", active=int(active.sum()))
+    logger.debug("CG iteration %d: max relative residual %.3e, %d of %d columns active",
+                 k, rel.max(), active.sum(), active.size)

@@ -1,0 +1,179 @@
+"""Preconditioners for ``K + alpha I``: Jacobi and randomized Nyström.
+
+Each has ``apply(R)``, a lazy map of dask (n, t) residuals to dask (n, t).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from ..errors import NotPositiveDefiniteError
+from ..kernels import Kernel
+from ..operators.nystrom import data_rows
+from .sampling import chunk_sums, gather_rows, sample_rows
+
+logger = logging.getLogger(__name__)
+
+#: Eigenvalues of the Nyström factor below this fraction of the largest are dropped
+#: (their directions are left to CG): FᵀF squares the condition number.
+EIG_CUTOFF = 1e-10
+
+
+class JacobiPreconditioner:
+    """``M = diag(A)⁻¹``, from the operator's ``diag()``.
+
+    Parameters
+    ----------
+    A : Operator with ``diag()``
+        E.g. ``dkern.gram(kernel, X) + alpha``; the diagonal is persisted (one n-vector).
+    """
+
+    def __init__(self, A: Any) -> None:
+        if not hasattr(A, "diag"):
+            raise TypeError(f"JacobiPreconditioner needs an operator with diag(), such as "
+                            f"gram(kernel, X) + alpha; got {type(A).__name__}.")
+        (d,) = dask.persist(A.diag())
+        (smallest,) = dask.compute(d.min())
+        if not smallest > 0:
+            raise NotPositiveDefiniteError(
+                f"the diagonal of A has an entry {smallest:.3e} <= 0, so A is not positive "
+                "definite; check the kernel and use a larger alpha.")
+        self.inv_diag = (1.0 / d).astype(A.dtype)
+
+    def apply(self, R: da.Array) -> da.Array:
+        """``R / diag(A)``; shape (n, t)."""
+        return R * self.inv_diag.rechunk((R.chunks[0],))[:, None]
+
+
+def kernel_columns_block(x: np.ndarray, *, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
+    """One task: ``kernel(x, Z)``; shape (n_i, b) for b pivots."""
+    return np.asarray(kernel(x, Z), dtype=np.float64)
+
+
+def kernel_diag_block(x: np.ndarray, *, kernel: Kernel) -> np.ndarray:
+    """One task: ``kernel.diag(x)`` in float64; shape (n_i,)."""
+    return np.asarray(kernel.diag(x), dtype=np.float64)
+
+
+class NystromPreconditioner:
+    """Randomized Nyström preconditioner for ``K + alpha I`` (Frangella, Tropp & Udell 2023).
+
+    A rank-r factor ``K ≈ F Fᵀ`` (F of shape (n, r), persisted on the cluster) with
+    thin SVD ``F = U Λ^{1/2} Vᵀ`` gives, applied through Woodbury (FTU 2023, eq. 5.3),
+
+    .. math:: P^{-1} = (\\lambda_r + \\alpha)\\, U (\\Lambda + \\alpha I)^{-1} U^\\top + (I - U U^\\top)
+
+    computed as ``R + F (C (Fᵀ R))`` with an r × r matrix C on the client.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X : array-like of shape (n, d)
+        The same points as the operator's (chunks are matched on apply).
+    alpha : float
+        The diagonal shift of ``K + alpha I`` (scikit-learn's ``KernelRidge`` alpha); > 0.
+    rank : int
+        Number of pivots r (1 <= r <= n).
+    pivots : {"uniform", "rpcholesky"}, default="uniform"
+        Uniform Nyström columns, or randomly pivoted Cholesky (Chen, Epperly, Tropp &
+        Webber 2023), which samples pivots ∝ the residual diagonal.
+    random_state : int or numpy.random.Generator, optional
+    block_size : int, default=16
+        Pivots drawn per RPCholesky step (one dask pass over X per step).
+    """
+
+    def __init__(self, kernel: Kernel, X: Any, alpha: float, rank: int, *,
+                 pivots: str = "uniform", random_state: Any = None, block_size: int = 16) -> None:
+        Xd = data_rows(X)
+        n = Xd.shape[0]
+        if not (np.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"alpha must be a finite number > 0 (the diagonal shift); got {alpha!r}.")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
+            raise ValueError(f"rank must be an integer in [1, n={n}]; got {rank!r}.")
+        if pivots not in ("uniform", "rpcholesky"):
+            raise ValueError(f"pivots must be 'uniform' or 'rpcholesky'; got {pivots!r}.")
+        rng = np.random.default_rng(random_state)
+        if pivots == "uniform":
+            G, W = _uniform_factor(kernel, Xd, int(rank), rng)
+        else:
+            G, W = _rpcholesky_factor(kernel, Xd, int(rank), rng, block_size)
+        self.factor, self.alpha = G, float(alpha)
+        self.core = _woodbury_core(G, W, self.alpha)
+        self.rank = self.core.shape[0]
+        logger.info("Nyström preconditioner: %s pivots, rank %d", pivots, self.rank)
+
+    def apply(self, R: da.Array) -> da.Array:
+        """``P⁻¹ R = R + F (C (Fᵀ R))``; shape (n, t)."""
+        G = self.factor.rechunk((R.chunks[0], -1))
+        small = da.dot(G.T, R.astype(np.float64))  # shape: (r, t), tree-summed over chunks
+        return R + da.dot(G, da.from_array(self.core) @ small).astype(R.dtype)
+
+
+def _kernel_columns(kernel: Kernel, Xd: da.Array, Z: np.ndarray) -> da.Array:
+    """``K(X, Z)`` as a lazy (n, b) dask array over X's row chunks."""
+    return Xd.map_blocks(kernel_columns_block, chunks=(Xd.chunks[0], (len(Z),)), dtype=np.float64,
+                         meta=np.empty((0, 0)), kernel=kernel, Z=Z,
+                         name=f"dkern-nystrom-cols-{tokenize(kernel, Xd.name, Z)}")
+
+
+def _psd_inverse_sqrt(H: np.ndarray) -> np.ndarray:
+    """``W`` with ``W Wᵀ = H⁺`` on the well-conditioned part of the PSD matrix H; shape (b, k)."""
+    theta, Q = np.linalg.eigh((H + H.T) / 2)
+    keep = theta > EIG_CUTOFF * max(theta.max(), 0.0)
+    return Q[:, keep] / np.sqrt(theta[keep])
+
+
+def _uniform_factor(kernel: Kernel, Xd: da.Array, rank: int,
+                    rng: np.random.Generator) -> tuple[da.Array, np.ndarray]:
+    """``G = K(X, X_S)`` (persisted) and W with ``F = G W``, ``F Fᵀ = K_nS K_SS⁺ K_Sn``."""
+    S = np.sort(rng.choice(Xd.shape[0], size=rank, replace=False))
+    Z = gather_rows(Xd, S)
+    (G,) = dask.persist(_kernel_columns(kernel, Xd, Z))
+    return G, _psd_inverse_sqrt(np.asarray(kernel(Z, Z), dtype=np.float64))
+
+
+def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.Generator,
+                       block_size: int) -> tuple[da.Array, np.ndarray]:
+    """Block randomly pivoted Cholesky: F (persisted, (n, k)) with ``K ≈ F Fᵀ``; and W = I.
+
+    Chen, Epperly, Tropp & Webber (2023), Alg. 3 (block RPCholesky): sample pivots
+    ∝ the residual diagonal d, form ``G = K(:, S) − F F[S]ᵀ``, factor ``G[S]``, append.
+    """
+    (d,) = dask.persist(Xd.map_blocks(kernel_diag_block, drop_axis=1, dtype=np.float64,
+                                      meta=np.empty((0,)), kernel=kernel))
+    initial = chunk_sums(d).sum()
+    F = da.zeros((Xd.shape[0], 0), chunks=(Xd.chunks[0], 0))
+    while F.shape[1] < rank:
+        S = np.unique(sample_rows(d, min(block_size, rank - F.shape[1]), rng))  # Alg. 3 line 3
+        Z, FS = dask.compute(Xd[S], F[S])  # S is sorted: only the chunks holding it are read
+        G = _kernel_columns(kernel, Xd, Z)  # line 4: G = K(:, S) - F F[S]ᵀ
+        if F.shape[1]:
+            G = G - da.dot(F, da.from_array(FS.T))
+        (G,) = dask.persist(G)
+        (H,) = dask.compute(G[S])
+        Fnew = da.dot(G, da.from_array(_psd_inverse_sqrt(H)))  # line 5: G chol(G[S])⁻ᵀ
+        F = da.concatenate([F, Fnew], axis=1).rechunk((Xd.chunks[0], -1))
+        d = da.maximum(d - (Fnew**2).sum(axis=1), 0.0)  # line 6: residual diagonal
+        F, d = dask.persist(F, d)
+        if chunk_sums(d).sum() <= 1e-12 * initial:  # K is captured: stop early
+            break
+    return F, np.eye(F.shape[1])
+
+
+def _woodbury_core(G: da.Array, W: np.ndarray, alpha: float) -> np.ndarray:
+    """The r × r matrix C of ``P⁻¹ = I + G C Gᵀ`` (FTU 2023, eq. 5.3 with F = G W)."""
+    (GtG,) = dask.compute(da.dot(G.T, G))
+    FtF = W.T @ GtG @ W
+    lam, V = np.linalg.eigh((FtF + FtF.T) / 2)  # F = U Λ^{1/2} Vᵀ, so FᵀF = V Λ Vᵀ
+    keep = lam > EIG_CUTOFF * max(lam.max(), 0.0)
+    lam, V = lam[keep], V[:, keep]
+    to_u = W @ V / np.sqrt(lam)  # U = G (W V Λ^{-1/2})
+    shrink = (lam.min() + alpha) / (lam + alpha) - 1.0  # in (-1, 0]: P⁻¹'s eigenvalues on U
+    return (to_u * shrink) @ to_u.T
+
