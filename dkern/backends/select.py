@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -11,6 +12,11 @@ import numpy as np
 from ..errors import DkernError
 
 logger = logging.getLogger(__name__)
+
+# KeOps prints its compile steps and CUDA probing to stdout unless told not to; dkern
+# reports backend facts through logging and `dkern info` instead. A user's own
+# KEOPS_VERBOSE setting wins.
+os.environ.setdefault("KEOPS_VERBOSE", "0")
 
 BACKENDS = ("auto", "numpy", "keops")
 

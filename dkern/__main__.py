@@ -1,0 +1,7 @@
+"""``python -m dkern`` runs the ``dkern`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
