@@ -6,7 +6,13 @@ chunks; vectors of length n stay on the cluster.
 
 from __future__ import annotations
 
+from .centers import select_centers
 from .cg import CGResult, cg
+from .exact import EXACT_MAX_N, exact_solve
+from .falkon import NystromResult, falkon
 from .preconditioners import JacobiPreconditioner, NystromPreconditioner
 
-__all__ = ["CGResult", "JacobiPreconditioner", "NystromPreconditioner", "cg"]
+__all__ = [
+    "EXACT_MAX_N", "CGResult", "JacobiPreconditioner", "NystromPreconditioner", "NystromResult",
+    "cg", "exact_solve", "falkon", "select_centers",
+]

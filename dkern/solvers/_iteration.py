@@ -11,6 +11,12 @@ known, every inner product of the iteration comes back from one
   direction, so the new direction ``p' = u + βp`` has
   ``p'ᵀAp' = δ + 2βε + β²φ`` exactly (no orthogonality assumed, so the
   identity survives residual replacement), and ``s' = w + βs`` needs no matvec.
+  The step is the exact line search ``α = rᵀp' / p'ᵀAp'`` with
+  ``rᵀp' = γ + β rᵀp`` (``ρ_p = rᵀp``, same reduction): it equals ``γ / p'ᵀAp'``
+  while ``r ⊥ p``, and stays a descent step after residual replacement breaks that.
+  When that sum cancels to below ``TRUST · δ`` (the terms' rounding would
+  dominate it: ill-conditioned systems, float32 vectors) ``p'ᵀs'`` is computed
+  directly in a second, rare reduction.
 
 Each column has its own step: a column whose relative residual is below
 ``tol`` gets ``α = 0`` and stops moving. The recursive residual is replaced by
@@ -37,6 +43,10 @@ from ..errors import DkernError, NotPositiveDefiniteError
 
 logger = logging.getLogger("dkern.solvers.cg")
 
+#: The fused ``p'ᵀAp' = δ + 2βε + β²φ`` is trusted while it exceeds this fraction of δ;
+#: below it (ill-conditioning, float32) one more reduction computes ``p'ᵀs'`` directly.
+TRUST = {np.dtype(np.float64): 1e-8, np.dtype(np.float32): 1e-2}
+
 Vectors = Any  # dask.array.Array or numpy.ndarray of shape (n, t)
 
 
@@ -55,6 +65,7 @@ class Scalars(NamedTuple):
     delta: np.ndarray  # uᵀw
     eps: np.ndarray  # uᵀs_old
     phi: np.ndarray  # pᵀs_old
+    rp: np.ndarray  # rᵀp_old
 
 
 def _dot(a: Vectors, b: Vectors) -> Vectors:
@@ -72,22 +83,26 @@ def _check_finite(values: Scalars, k: int) -> None:
                 "(check the data, the kernel parameters and alpha); no solution is returned.")
 
 
-def _step_sizes(s: Scalars, gamma_old: np.ndarray, restart: np.ndarray, active: np.ndarray,
-                k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(α, β) per column; ``restart`` columns take β = 0, inactive columns α = 0."""
+def _direction_step(s: Scalars, gamma_old: np.ndarray, restart: np.ndarray,
+                    active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """β per column (0 for ``restart`` and inactive columns) and the fused ``p'ᵀAp'``."""
     with np.errstate(divide="ignore", invalid="ignore"):
         beta = np.where(restart | ~active, 0.0, s.gamma / gamma_old)
-        pAp = s.delta + 2.0 * beta * s.eps + beta * beta * s.phi  # p'ᵀAp' (module docstring)
-        bad = active & ~(pAp > 0)
-        if bad.any():
-            j = int(np.argmax(bad))
-            raise NotPositiveDefiniteError(
-                f"CG iteration {k}: pᵀAp = {pAp[j]:.3e} <= 0 for column {j}, so the operator is "
-                "not positive definite. Either the kernel is not positive semi-definite (check it "
-                "with dkern.kernels.check_psd) or alpha is too small or negative: use alpha > 0 "
-                "large enough to dominate rounding, e.g. 1e-6 times the largest kernel value.")
-        alpha = np.where(active, s.gamma / pAp, 0.0)
-    return alpha, beta
+    return beta, s.delta + 2.0 * beta * s.eps + beta * beta * s.phi  # module docstring
+
+
+def _step_length(rp: np.ndarray, pAp: np.ndarray, active: np.ndarray, k: int) -> np.ndarray:
+    """α = rᵀp' / p'ᵀAp' per column (0 for inactive ones); raise if p'ᵀAp' <= 0."""
+    bad = active & ~(pAp > 0)
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise NotPositiveDefiniteError(
+            f"CG iteration {k}: pᵀAp = {pAp[j]:.3e} <= 0 for column {j}, so the operator is "
+            "not positive definite. Either the kernel is not positive semi-definite (check it "
+            "with dkern.kernels.check_psd) or alpha is too small or negative: use alpha > 0 "
+            "large enough to dominate rounding, e.g. 1e-6 times the largest kernel value.")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(active, rp / pAp, 0.0)
 
 
 def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vectors], Vectors],
@@ -107,11 +122,12 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
     k, since_refresh, is_true, verify = 0, 0, True, False
     while True:
         if since_refresh >= refresh_every:  # residual replacement, before this step's matvecs
-            (R,) = dask.persist(B - matvec(X))
+            # s = A p is recursive too (s' = w + βs) and drifts like r: refresh both
+            R, S = dask.persist(B - matvec(X), matvec(P) if P is not None else None)
             is_true, since_refresh = True, 0
         if verify:  # a refreshed residual after the recursive one said "stop": check it alone
             (rho,) = dask.compute(_dot(R, R))
-            _check_finite(Scalars(rho, rho, rho, rho, rho), k)
+            _check_finite(Scalars(*[rho] * 6), k)
             rel = np.sqrt(rho) / bnorm
             history[k:] = [rel]
             active, verify = rel > tol, False
@@ -121,7 +137,7 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
         W = matvec(U)
         U, W = dask.persist(U, W)
         lazy = [_dot(R, R), _dot(R, U), _dot(U, W)]
-        lazy += [_dot(U, S), _dot(P, S)] if P is not None else [0 * bnorm, 0 * bnorm]
+        lazy += [_dot(U, S), _dot(P, S), _dot(R, P)] if P is not None else [0 * bnorm] * 3
         s = Scalars(*(np.asarray(v, dtype=np.float64) for v in dask.compute(*lazy)))
         _check_finite(s, k)
         rel = np.sqrt(np.maximum(s.rho, 0.0)) / bnorm
@@ -135,9 +151,14 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
             (R,) = dask.persist(B - matvec(X))
             is_true, since_refresh, verify = True, 0, True
             continue
-        alpha, beta = _step_sizes(s, gamma_old, ~was_active, active, k)
-        P = U if P is None else U + P * beta
-        S = W if S is None else W + S * beta
+        beta, pAp = _direction_step(s, gamma_old, ~was_active, active)
+        P = U if P is None else U + P * beta.astype(R.dtype)
+        S = W if S is None else W + S * beta.astype(R.dtype)
+        if (active & (pAp <= TRUST[np.dtype(R.dtype)] * s.delta)).any():
+            # the fused p'ᵀAp' cancelled below the vectors' precision: take it directly
+            P, S = dask.persist(P, S)
+            (pAp,) = dask.compute(_dot(P, S))
+        alpha = _step_length(s.gamma + beta * s.rp, pAp, active, k).astype(R.dtype)
         X, R = X + P * alpha, R - S * alpha
         X, R, P, S = dask.persist(X, R, P, S)
         gamma_old = np.where(active, s.gamma, gamma_old)

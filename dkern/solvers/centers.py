@@ -1,0 +1,135 @@
+"""Choosing Nyström centres: uniform rows, or rows drawn by approximate ridge leverage.
+
+The ridge leverage score of row i, with our ``alpha`` convention, is
+
+.. math:: \\ell_\\alpha(i) = [K (K + \\alpha I)^{-1}]_{ii}
+
+and sampling centres ∝ ℓ covers sparse regions that uniform sampling leaves empty.
+Scores are estimated BLESS-style (Rudi, Calandriello, Carratino & Rosasco 2018,
+"On fast leverage score sampling and optimal learning", Alg. 1): a sequence of
+small weighted dictionaries J_h at shrinking regularisation α_h, each drawn
+from uniform candidates ∝ the scores the previous dictionary gives them, and
+(their Eq. 5, with λn → α)
+
+.. math:: \\tilde\\ell(i) = \\alpha^{-1}\\,(k_{ii} - K_{iJ} (K_{JJ} + \\alpha A)^{-1} K_{Ji})
+
+with ``A = diag(m p_j / c_j)`` for m draws with probability p_j and multiplicity c_j.
+The final scores of all n rows are a dask graph over X's row chunks, and the
+centres are sampled from them chunk-then-row, so no n-vector reaches the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.linalg as sla
+from dask.base import tokenize
+
+from ..backends import resolve_backend
+from ..kernels import Kernel
+from ..operators.nystrom import data_rows
+from .sampling import gather_rows, sample_distinct
+
+logger = logging.getLogger(__name__)
+
+#: Cap of the default ``n_centers = round(√n)`` (the M × M factors live on the client).
+MAX_DEFAULT_CENTERS = 10_000
+#: BLESS schedule: α shrinks by this factor per level; dictionaries hold ≈ OVERSAMPLE · d_eff rows.
+SHRINK, OVERSAMPLE = 4.0, 4.0
+#: Largest dictionary and candidate pool (client-side, small).
+DICT_MAX, POOL_MAX = 2_000, 4_000
+
+
+def leverage_block(x: np.ndarray, *, kernel: Kernel, Z: np.ndarray, Linv: np.ndarray,
+                   alpha: float) -> np.ndarray:
+    """One task: ``(k_ii − ||L⁻¹ K(Z, x_i)||²) / α`` for the rows of x; shape (n_i,)."""
+    proj = np.asarray(kernel(x, Z), dtype=np.float64) @ Linv.T  # shape: (n_i, |J|)
+    scores = (np.asarray(kernel.diag(x), dtype=np.float64) - np.einsum("ij,ij->i", proj, proj))
+    return np.maximum(scores / alpha, 1e-12)  # rounding can make a tiny score negative
+
+
+def select_centers(X: Any, n_centers: int | None = None, *, method: str = "uniform",
+                   kernel: Kernel | None = None, alpha: float | None = None,
+                   random_state: Any = None, backend: str = "auto") -> np.ndarray:
+    """Pick M distinct rows of X as Nyström centres.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        numpy, dask or Zarr; only the chosen rows (and, for leverage, one pass) are read.
+    n_centers : int, optional
+        M, 1 <= M <= n. Default ``round(√n)``, at most ``MAX_DEFAULT_CENTERS`` (10 000).
+    method : {"uniform", "leverage"}, default="uniform"
+        Uniform without replacement, or ∝ approximate ridge leverage scores (BLESS).
+    kernel : Kernel, optional
+        Required for ``method="leverage"``.
+    alpha : float, optional
+        The ridge penalty of the problem (> 0); required for ``method="leverage"``.
+    random_state : int or numpy.random.Generator, optional
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        Checked for availability; leverage blocks are evaluated with numpy.
+
+    Returns
+    -------
+    ndarray of shape (M, d)
+    """
+    Xd = data_rows(X)
+    n = Xd.shape[0]
+    M = min(max(1, round(math.sqrt(n))), MAX_DEFAULT_CENTERS) if n_centers is None else n_centers
+    if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or not 1 <= M <= n:
+        raise ValueError(f"n_centers must be an integer in [1, n={n}] (centres are distinct rows "
+                         f"of X); got {n_centers!r}. Use n_centers <= {n}.")
+    if method not in ("uniform", "leverage"):
+        raise ValueError(f"method must be 'uniform' or 'leverage'; got {method!r}.")
+    resolve_backend(backend)
+    rng = np.random.default_rng(random_state)
+    if method == "uniform":
+        return gather_rows(Xd, np.sort(rng.choice(n, size=int(M), replace=False)))
+    if not isinstance(kernel, Kernel):
+        raise ValueError(f"method='leverage' needs kernel=, a dkern kernel; got {kernel!r}.")
+    if alpha is None or not (np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"method='leverage' needs alpha > 0, the ridge penalty of the problem "
+                         f"the centres are for; got {alpha!r}.")
+    Z, Linv = _bless_dictionary(kernel, Xd, float(alpha), rng)
+    scores = Xd.map_blocks(leverage_block, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+                           kernel=kernel, Z=Z, Linv=Linv, alpha=float(alpha),
+                           name=f"dkern-leverage-{tokenize(kernel, Xd.name, Z, alpha)}")
+    (scores,) = dask.persist(scores)
+    return gather_rows(Xd, np.sort(sample_distinct(scores, int(M), rng)))
+
+
+def _dictionary_factor(kernel: Kernel, Z: np.ndarray, weights: np.ndarray,
+                       alpha: float) -> np.ndarray:
+    """``L⁻¹`` for ``L Lᵀ = K_JJ + α A`` (BLESS Eq. 5); shape (|J|, |J|)."""
+    L = sla.cholesky(np.asarray(kernel(Z, Z), dtype=np.float64) + alpha * np.diag(weights),
+                     lower=True)
+    return sla.solve_triangular(L, np.eye(len(Z)), lower=True)
+
+
+def _bless_dictionary(kernel: Kernel, Xd: da.Array, alpha: float,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The last BLESS dictionary's rows and ``L⁻¹``, at regularisation ``alpha``."""
+    n = Xd.shape[0]
+    pool = min(n, POOL_MAX)
+    Z = gather_rows(Xd, rng.choice(n, size=1))
+    weights = np.array([1.0 / n])  # one uniform draw: m p_j / c_j = 1 · (1/n) / 1
+    level = n * float(np.mean(kernel.diag(Z)))  # Alg. 1 line 1: α_0 with d_eff(α_0) <= 1
+    while True:
+        level = max(alpha, level / SHRINK)  # line 3: shrink the regularisation
+        cand = gather_rows(Xd, np.sort(rng.choice(n, size=pool, replace=False)))  # line 4
+        scores = leverage_block(cand, kernel=kernel, Z=Z,
+                                Linv=_dictionary_factor(kernel, Z, weights, level), alpha=level)
+        d_eff = n * scores.mean()  # line 5: Σ_i ℓ(i) estimated from uniform candidates
+        m = int(min(DICT_MAX, pool, max(1, math.ceil(OVERSAMPLE * d_eff))))
+        draws = rng.choice(pool, size=m, p=scores / scores.sum())  # line 6: resample ∝ ℓ̃
+        picked, counts = np.unique(draws, return_counts=True)
+        Z, weights = cand[picked], m * (scores[picked] / d_eff) / counts
+        logger.debug("BLESS level alpha=%.3e: d_eff≈%.1f, dictionary of %d rows", level, d_eff,
+                     len(Z))
+        if level <= alpha:
+            return Z, _dictionary_factor(kernel, Z, weights, alpha)

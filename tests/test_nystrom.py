@@ -1,0 +1,111 @@
+"""Falkon, centre selection, the normal-matvec blocks and the exact solver vs dense references."""
+
+import numpy as np
+import pytest
+import scipy.linalg as sla
+
+from dkern.backends.normal import normal_matvec_block_keops, normal_matvec_block_numpy
+from dkern.errors import NotPositiveDefiniteError
+from dkern.kernels import Gaussian, Laplacian
+from dkern.operators.nystrom import NystromOperator
+from dkern.solvers import EXACT_MAX_N, exact_solve, falkon, select_centers
+
+RNG = np.random.default_rng(11)
+X = RNG.normal(size=(400, 2))
+Y = np.sin(2 * X[:, 0]) + 0.1 * RNG.normal(size=400)
+
+pytestmark = pytest.mark.usefixtures("sync_scheduler")
+
+
+def test_normal_block_numpy_matches_dense_with_tiles():
+    C, v = X[:37], RNG.normal(size=(37, 3))
+    K = Gaussian(0.7)(X, C)
+    got = normal_matvec_block_numpy(Gaussian(0.7), X, C, v, tile_rows=64)
+    np.testing.assert_allclose(got, K.T @ (K @ v), rtol=1e-12)
+
+
+@pytest.mark.keops
+def test_normal_block_keops_matches_dense():
+    C, v = X[:37], RNG.normal(size=(37, 2))
+    K = Gaussian(0.7)(X, C)
+    got = normal_matvec_block_keops(Gaussian(0.7), X, C, v)
+    np.testing.assert_allclose(got, K.T @ (K @ v), rtol=1e-10)
+
+
+def test_nystrom_operator_products_match_dense():
+    op = NystromOperator(Gaussian(0.7), X, X[:50], backend="numpy")
+    K, v = Gaussian(0.7)(X, X[:50]), RNG.normal(size=(50, 2))
+    np.testing.assert_allclose(op.normal_matvec(v).compute(), K.T @ (K @ v), rtol=1e-12)
+    np.testing.assert_allclose(op.rmatvec(Y).compute()[:, 0], K.T @ Y, rtol=1e-12)
+    np.testing.assert_allclose(op.matvec(v).compute(), K @ v, rtol=1e-12)
+    assert op.normal_matvec(v).name.startswith("sum-") or "dkern-knm-normal" in str(
+        dict(op.normal_matvec(v).__dask_graph__()).keys())
+
+
+def test_falkon_with_all_points_as_centres_is_exact_krr():
+    kernel, alpha = Laplacian(0.5), 1e-2
+    res = falkon(kernel, X, Y, X, alpha, tol=1e-10, backend="numpy")
+    want = sla.solve(kernel(X, X) + alpha * np.eye(len(X)), Y)
+    assert res.beta.shape == (400, 1) and res.converged.all()
+    assert np.linalg.norm(res.beta[:, 0] - want) / np.linalg.norm(want) < 1e-6
+    assert res.n_iter <= 3  # the preconditioner is exact when M = n (measured: 1)
+
+
+def blob_and_sparse(n, rng):
+    """90% of points in a tight blob, 10% spread wide where the target varies."""
+    dense = rng.normal(scale=0.3, size=(int(0.9 * n), 1))
+    sparse = rng.uniform(-6, 6, size=(n - len(dense), 1))
+    Xs = np.vstack([dense, sparse])
+    return Xs, np.sin(2 * Xs[:, 0]) + 0.05 * rng.normal(size=n)
+
+
+def test_leverage_centres_beat_uniform_on_uneven_density():
+    kernel, alpha, M = Gaussian(0.4), 1e-3, 25
+    errors = {"uniform": [], "leverage": []}
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        Xtr, ytr = blob_and_sparse(1500, rng)
+        Xte, yte = blob_and_sparse(1000, rng)
+        for method in errors:
+            C = select_centers(Xtr, M, method=method, kernel=kernel, alpha=alpha,
+                               random_state=seed)
+            beta = falkon(kernel, Xtr, ytr, C, alpha, tol=1e-8, backend="numpy").beta
+            errors[method].append(np.sqrt(np.mean((kernel(Xte, C) @ beta[:, 0] - yte) ** 2)))
+    uniform, leverage = np.mean(errors["uniform"]), np.mean(errors["leverage"])
+    assert leverage <= 0.8 * uniform, (leverage, uniform)
+
+
+def test_select_centers_uniform_rows_are_distinct_rows_of_x():
+    C = select_centers(X, random_state=0)
+    assert C.shape == (20, 2)  # default round(sqrt(400))
+    assert len({tuple(r) for r in C}) == 20 and all((X == r).all(1).any() for r in C)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_centers": 401}, r"n_centers must be an integer in \[1, n=400\]"),
+    ({"n_centers": 0}, "n_centers"),
+    ({"method": "kmeans"}, "method must be"),
+    ({"method": "leverage", "alpha": 1e-3}, "needs kernel="),
+    ({"method": "leverage", "kernel": Gaussian(1.0)}, "needs alpha > 0"),
+])
+def test_select_centers_bad_inputs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        select_centers(X, **{"n_centers": 10, **kwargs})
+
+
+def test_exact_solve_matches_scipy_and_refuses_bad_cases():
+    kernel = Gaussian(1.0)
+    want = sla.solve(kernel(X, X) + 0.1 * np.eye(400), Y)
+    np.testing.assert_allclose(exact_solve(kernel, X, Y, 0.1), want, rtol=1e-10)
+    with pytest.raises(NotPositiveDefiniteError, match="Increase alpha"):
+        exact_solve(kernel, X, Y, 0.0)
+    big = np.zeros((EXACT_MAX_N + 1, 1))
+    with pytest.raises(ValueError, match="solver='cg'.*solver='nystrom'"):
+        exact_solve(kernel, big, big[:, 0], 1.0)
+
+
+def test_falkon_bad_inputs():
+    with pytest.raises(ValueError, match="alpha must be"):
+        falkon(Gaussian(1.0), X, Y, X[:10], 0.0)
+    with pytest.raises(ValueError, match="centers must have shape"):
+        falkon(Gaussian(1.0), X, Y, X[:10, :1], 1.0)

@@ -1,0 +1,184 @@
+"""Block CG and its preconditioners against dense scipy solves."""
+
+import warnings
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.linalg as sla
+from dask.sizeof import sizeof
+
+import dkern
+from dkern.errors import ConvergenceWarning, DkernError, NotPositiveDefiniteError
+from dkern.kernels import Gaussian
+from dkern.solvers import JacobiPreconditioner, NystromPreconditioner, cg
+
+RNG = np.random.default_rng(3)
+N = 200
+X = RNG.normal(size=(N, 2))
+KERNEL = Gaussian(1.0)
+ALPHA = 0.1
+B8 = RNG.normal(size=(N, 8))
+DENSE = KERNEL(X, X) + ALPHA * np.eye(N)
+
+pytestmark = pytest.mark.usefixtures("sync_scheduler")
+
+
+def rel_err(got, want):
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+def operator(alpha=ALPHA, dtype=None):
+    return dkern.gram(KERNEL, X, backend="numpy", dtype=dtype) + alpha
+
+
+def test_cg_single_and_block_match_dense_solve():
+    single = cg(operator(), B8[:, 0], tol=1e-10)
+    block = cg(operator(), B8, tol=1e-10)
+    assert single.x.shape == (N,) and block.x.shape == (N, 8)
+    assert rel_err(single.x.compute(), sla.solve(DENSE, B8[:, 0])) < 1e-8
+    assert rel_err(block.x.compute(), sla.solve(DENSE, B8)) < 1e-8
+    assert block.converged.all() and block.residuals.shape == (block.n_iter + 1, 8)
+    assert block.residuals[-1].max() <= 1e-10
+    for j in range(8):
+        alone = cg(operator(), B8[:, j], tol=1e-10).x.compute()
+        assert rel_err(block.x[:, j].compute(), alone) < 1e-8
+
+
+def test_graph_does_not_grow_with_iterations():
+    sizes = []
+    for iters in (5, 50):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            res = cg(dkern.gram(KERNEL, X, backend="numpy") + 1e-6, B8[:, :2], tol=1e-14,
+                     max_iter=iters)
+        assert res.n_iter == iters
+        sizes.append(len(dict(res.x.__dask_graph__())))
+    assert sizes[0] == sizes[1]
+
+
+def test_not_positive_definite_raises():
+    with pytest.raises(NotPositiveDefiniteError, match=r"iteration \d+.*alpha"):
+        cg(operator(alpha=-0.5), B8[:, 0], tol=1e-10)
+
+
+class NaNAfter:
+    """A Gram operator whose matvec starts returning NaN at its ``calls``-th call."""
+
+    def __init__(self, A, calls):
+        self.A, self.calls = A, calls
+        self.shape, self.dtype, self.col_chunks = A.shape, A.dtype, A.col_chunks
+
+    def matvec(self, V):
+        self.calls -= 1
+        out = self.A.matvec(V)
+        return out * np.nan if self.calls <= 0 else out
+
+
+def test_nan_mid_solve_raises_naming_iteration():
+    with pytest.raises(DkernError, match=r"CG iteration 3: .* is nan"):
+        cg(NaNAfter(operator(), calls=4), B8[:, 0], tol=1e-12)
+
+
+def test_max_iter_too_small_warns_and_reports_not_converged():
+    with pytest.warns(ConvergenceWarning, match="max_iter.*alpha.*preconditioner"):
+        res = cg(operator(), B8[:, :3], tol=1e-12, max_iter=2)
+    assert res.n_iter == 2 and res.residuals.shape == (3, 3)
+    assert not res.converged.any()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"B": np.ones(N + 1)}, r"B must have shape \(200,\)"),
+    ({"B": np.full(N, np.nan)}, "NaN"),
+    ({"tol": 0.0}, "tol must be"),
+    ({"max_iter": 0}, "max_iter must be"),
+])
+def test_bad_inputs(kwargs, match):
+    args = {"B": B8[:, 0], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        cg(operator(), args.pop("B"), **args)
+
+
+class Scaled:
+    """``S A S`` for a diagonal S: badly scaled, which Jacobi undoes."""
+
+    def __init__(self, A, s):
+        self.A, self.s = A, s
+        self.shape, self.dtype, self.col_chunks = A.shape, A.dtype, A.col_chunks
+
+    def matvec(self, V):
+        s = da.from_array(self.s, chunks=(self.col_chunks,))[:, None]
+        return s * self.A.matvec(s * V)
+
+    def diag(self):
+        return self.A.diag() * self.s**2
+
+
+def test_jacobi_same_solution_fewer_iterations():
+    s = np.exp(RNG.uniform(-1.5, 1.5, size=N))
+    A, dense = Scaled(operator(), s), s[:, None] * DENSE * s[None, :]
+    plain = cg(A, B8[:, 0], tol=1e-8)
+    jacobi = cg(A, B8[:, 0], tol=1e-8, preconditioner=JacobiPreconditioner(A))
+    want = sla.solve(dense, B8[:, 0])
+    assert rel_err(jacobi.x.compute(), want) < 1e-6 and rel_err(plain.x.compute(), want) < 1e-6
+    assert jacobi.n_iter * 2 <= plain.n_iter  # measured: 55 vs 469
+
+
+@pytest.mark.parametrize("pivots, ratio", [("uniform", 3), ("rpcholesky", 5)])
+def test_nystrom_preconditioner_cuts_iterations(pivots, ratio):
+    alpha, b = 1e-3, B8[:, 0]
+    plain = cg(operator(alpha), b, tol=1e-8, max_iter=3000)
+    pre = NystromPreconditioner(KERNEL, X, alpha, rank=40, pivots=pivots, random_state=0)
+    fast = cg(operator(alpha), b, tol=1e-8, preconditioner=pre)
+    want = sla.solve(KERNEL(X, X) + alpha * np.eye(N), b)
+    assert rel_err(fast.x.compute(), want) < 1e-5 and rel_err(plain.x.compute(), want) < 1e-5
+    assert plain.n_iter >= ratio * fast.n_iter  # measured: 298 vs 37 (uniform), 25 (rpcholesky)
+
+
+def test_float32_reports_true_residual():
+    res = cg(operator(dtype=np.float32), B8[:, :2], tol=1e-4, max_iter=200)
+    x = res.x.compute().astype(np.float64)
+    assert res.x.dtype == np.float32
+    true = np.linalg.norm(B8[:, :2] - DENSE @ x, axis=0)
+    true /= np.linalg.norm(B8[:, :2], axis=0)
+    assert np.allclose(res.residuals[-1], true, rtol=0.1, atol=1e-7)  # reported == true one
+    assert true.max() <= 1e-4 and res.converged.all()
+
+
+def test_callback_gets_scalars_each_iteration():
+    seen = []
+    res = cg(operator(), B8[:, :2], tol=1e-8, callback=lambda k, r: seen.append((k, r.shape)))
+    assert seen[0] == (0, (2,)) and seen[-1][0] == res.n_iter
+
+
+@pytest.mark.distributed
+def test_client_receives_only_scalars(cluster_client, monkeypatch):
+    """n = 20 000: a leaked float64 n-vector would be 160 kB; every gather stays tiny."""
+    n = 20_000
+    d = np.linspace(1.0, 10.0, n)
+    received = []
+    gather = cluster_client.gather
+
+    def spy(*args, **kwargs):
+        out = gather(*args, **kwargs)
+        received.append(sizeof(out))
+        return out
+
+    monkeypatch.setattr(cluster_client, "gather", spy)
+    with dask.config.set(scheduler=cluster_client):
+        res = cg(Diagonal(d, chunks=5_000), np.ones((n, 2)), tol=1e-8)
+        assert res.converged.all() and isinstance(res.x, da.Array)
+        assert len(received) > res.n_iter and max(received) < 4_000  # bytes
+        np.testing.assert_allclose(res.x[:5, 0].compute(), 1.0 / d[:5], rtol=1e-7)
+
+
+class Diagonal:
+    """``diag(d)`` as a matvec operator (cheap, so the test measures traffic, not kernels)."""
+
+    def __init__(self, d, chunks):
+        self.d = da.from_array(d, chunks=chunks)
+        self.shape, self.dtype, self.col_chunks = (len(d), len(d)), d.dtype, self.d.chunks[0]
+
+    def matvec(self, V):
+        return self.d[:, None] * V
