@@ -99,10 +99,15 @@ def cpu_methods(X, Z, v, ell, client):
 
 def gpu_methods(X, Z, v, ell, client):
     Xd, Zd = da.from_array(X, chunks=(len(X) // 2, -1)), da.from_array(Z, chunks=(len(Z) // 2, -1))
-    return {
+    methods = {
         "raw pykeops (GPU)": lambda: raw_pykeops(X, Z, v, ell),
         "dkern/keops in-process (GPU)": lambda: dkern_matvec(Xd, Zd, v, ell, "keops"),
     }
+    if client is not None:  # one worker process owning the GPU, operands persisted there
+        Xc, Zc = client.persist(Xd), client.persist(Zd)
+        methods["dkern/keops LocalCluster(1 worker, GPU)"] = (
+            lambda: dkern_matvec(Xc, Zc, v, ell, "keops", client))
+    return methods
 
 
 def summarise(n, table, gpu):
@@ -136,8 +141,9 @@ def main() -> None:
     parser.add_argument("--no-cluster", action="store_true", help="skip the LocalCluster runs")
     args = parser.parse_args()
     client = None
-    if not args.gpu and not args.no_cluster:
-        client = dkern.connect(n_workers=2, threads_per_worker=1)
+    if not args.no_cluster:
+        client = (dkern.connect(n_workers=1, threads_per_worker=2) if args.gpu
+                  else dkern.connect(n_workers=2, threads_per_worker=1))
     rng = np.random.default_rng(0)
     table = {}
     for dtype in args.dtypes:

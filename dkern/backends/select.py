@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import subprocess
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -33,26 +35,38 @@ class BackendStatus(NamedTuple):
     detail: str
 
 
+# Run in a child process: on some CUDA set-ups (seen: pykeops 2.3 with CUDA 13.0 on an
+# H100) KeOps segfaults while compiling, and that must not take the caller's process down.
+_KEOPS_CHECK = """
+import numpy as np, pykeops
+from pykeops.numpy import LazyTensor
+x = np.arange(6, dtype=np.float64).reshape(3, 2)
+got = (LazyTensor(x[:, None, :]) | LazyTensor(x[None, :, :])).sum(axis=1)
+assert np.allclose(got, (x @ x.T).sum(axis=1, keepdims=True)), got.ravel()
+print(pykeops.__version__)
+"""
+KEOPS_CHECK_TIMEOUT_S = 300
+
+
 @functools.lru_cache(maxsize=1)
 def keops_status() -> BackendStatus:
-    """Import pykeops and compile and run a tiny reduction, checking its result.
+    """Compile and run a tiny KeOps reduction in a child process and check its result.
 
     Cached per process: the first call may compile (~10 s), later ones are free.
+    A crash or a wrong result makes KeOps unavailable, with the reason.
     """
     try:
-        import pykeops
-        from pykeops.numpy import LazyTensor
-
-        pykeops.set_verbose(False)
-        x = np.arange(6, dtype=np.float64).reshape(3, 2)
-        got = (LazyTensor(x[:, None, :]) | LazyTensor(x[None, :, :])).sum(axis=1)
-        want = (x @ x.T).sum(axis=1, keepdims=True)
-        if not np.allclose(got, want):
-            return BackendStatus("keops", False, f"compiled, but a check reduction gave {got.ravel()}")
-    except Exception as err:  # any failure means "not usable here", with the reason
-        return BackendStatus("keops", False, f"{type(err).__name__}: {err}".strip()[:300])
+        done = subprocess.run([sys.executable, "-c", _KEOPS_CHECK], capture_output=True,
+                              text=True, timeout=KEOPS_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return BackendStatus("keops", False, f"check compile took over {KEOPS_CHECK_TIMEOUT_S} s")
+    if done.returncode != 0:
+        how = (f"crashed (signal {-done.returncode})" if done.returncode < 0
+               else f"failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        return BackendStatus("keops", False, f"KeOps check compile {how}"[:300])
     device = "GPU" if gpu_visible() else "CPU"
-    return BackendStatus("keops", True, f"pykeops {pykeops.__version__}, compiled and ran on {device}")
+    return BackendStatus("keops", True,
+                         f"pykeops {done.stdout.strip()}, compiled and ran on {device}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -83,16 +97,19 @@ def resolve_backend(backend: str) -> str:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
     if backend == "numpy":
         return backend
-    status = keops_status()
     if backend == "keops":
+        status = keops_status()
         if not status.available:
             raise BackendUnavailableError(
                 f"backend='keops' was requested but KeOps does not work here ({status.detail}). "
                 "Use backend='numpy' or 'auto', and see `dkern info`.")
         return backend
-    if status.available and gpu_visible():
+    if not gpu_visible():
+        reason = "no GPU visible"
+    elif not (status := keops_status()).available:
+        reason = f"a GPU is visible but KeOps does not work ({status.detail})"
+    else:
         logger.info("backend='auto' chose keops: %s", status.detail)
         return "keops"
-    reason = "no GPU visible" if status.available else f"KeOps unavailable ({status.detail})"
     logger.info("backend='auto' chose numpy: %s; tiled BLAS is the fastest CPU path", reason)
     return "numpy"
