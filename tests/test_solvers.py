@@ -35,7 +35,7 @@ def operator(alpha=ALPHA, dtype=None):
 
 def test_cg_single_and_block_match_dense_solve():
     single = cg(operator(), B8[:, 0], tol=1e-10)
-    block = cg(operator(), B8, tol=1e-10)
+    block = cg(operator(), B8, tol=1e-10)  # measured: 68 iterations
     assert single.x.shape == (N,) and block.x.shape == (N, 8)
     assert rel_err(single.x.compute(), sla.solve(DENSE, B8[:, 0])) < 1e-8
     assert rel_err(block.x.compute(), sla.solve(DENSE, B8)) < 1e-8
@@ -116,13 +116,13 @@ class Scaled:
 
 
 def test_jacobi_same_solution_fewer_iterations():
-    s = np.exp(RNG.uniform(-1.5, 1.5, size=N))
+    s = np.exp(RNG.uniform(-1.0, 1.0, size=N))
     A, dense = Scaled(operator(), s), s[:, None] * DENSE * s[None, :]
     plain = cg(A, B8[:, 0], tol=1e-8)
     jacobi = cg(A, B8[:, 0], tol=1e-8, preconditioner=JacobiPreconditioner(A))
     want = sla.solve(dense, B8[:, 0])
     assert rel_err(jacobi.x.compute(), want) < 1e-6 and rel_err(plain.x.compute(), want) < 1e-6
-    assert jacobi.n_iter * 2 <= plain.n_iter  # measured: 55 vs 469
+    assert jacobi.n_iter * 2 <= plain.n_iter  # measured: 55 vs 202
 
 
 @pytest.mark.parametrize("pivots, ratio", [("uniform", 3), ("rpcholesky", 5)])

@@ -88,9 +88,11 @@ class NystromOperator:
         """
         v = np.asarray(v, dtype=np.float64).reshape(self.shape[1], -1)
         token = tokenize(self.kernel, self.X.name, self.C, v, self.backend)
-        parts = self.X.map_blocks(
-            normal_block, chunks=((1,) * self.X.numblocks[0], (self.shape[1],), (v.shape[1],)),
-            new_axis=2, dtype=np.float64, meta=np.empty((0, 0, 0)), name=f"dkern-knm-normal-{token}",
+        parts = da.map_blocks(
+            normal_block, self.X,
+            chunks=((1,) * self.X.numblocks[0], (self.shape[1],), (v.shape[1],)),
+            new_axis=2, dtype=np.float64, meta=np.empty((0, 0, 0)),
+            name=f"dkern-knm-normal-{token}",
             kernel=self.kernel, C=self.C, v=v, backend=self.backend)
         return parts.sum(axis=0, split_every=8, dtype=np.float64)
 
@@ -102,8 +104,7 @@ class NystromOperator:
                              f"{Yd.shape}.")
         Yd = Yd.reshape(Yd.shape[0], -1).rechunk((self.X.chunks[0], -1))
         token = tokenize(self.kernel, self.X.name, Yd.name, self.C, self.backend)
-        parts = da.map_blocks(
-            transpose_block, self.X, Yd,
+        parts = da.map_blocks(transpose_block, self.X, Yd,
             chunks=((1,) * self.X.numblocks[0], (self.shape[1],), (Yd.shape[1],)), new_axis=2,
             dtype=np.float64, meta=np.empty((0, 0, 0)), name=f"dkern-knm-rmatvec-{token}",
             kernel=self.kernel, C=self.C, backend=self.backend)
@@ -117,8 +118,8 @@ class NystromOperator:
                              f"one row per centre; got shape {b.shape}.")
         b2 = b.reshape(self.shape[1], -1)
         token = tokenize(self.kernel, self.X.name, self.C, b2, self.backend)
-        out = self.X.map_blocks(
-            forward_block, chunks=(self.X.chunks[0], (b2.shape[1],)), dtype=self.X.dtype,
+        out = da.map_blocks(
+            forward_block, self.X, chunks=(self.X.chunks[0], (b2.shape[1],)), dtype=self.X.dtype,
             meta=np.empty((0, 0), self.X.dtype), name=f"dkern-knm-matvec-{token}",
             kernel=self.kernel, C=self.C, beta=b2, backend=self.backend, out_dtype=self.X.dtype)
         return out[:, 0] if b.ndim == 1 else out

@@ -96,7 +96,8 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
         raise ValueError(f"method='leverage' needs alpha > 0, the ridge penalty of the problem "
                          f"the centres are for; got {alpha!r}.")
     Z, Linv = _bless_dictionary(kernel, Xd, float(alpha), rng)
-    scores = Xd.map_blocks(leverage_block, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+    scores = da.map_blocks(leverage_block, Xd, drop_axis=1, dtype=np.float64,
+                           meta=np.empty((0,)),
                            kernel=kernel, Z=Z, Linv=Linv, alpha=float(alpha),
                            name=f"dkern-leverage-{tokenize(kernel, Xd.name, Z, alpha)}")
     (scores,) = dask.persist(scores)

@@ -166,4 +166,5 @@ def _cholesky_with_jitter(Kmm: np.ndarray) -> np.ndarray:
     raise NotPositiveDefiniteError(
         f"K_mm ({len(Kmm)} centres) is not positive definite even with jitter "
         f"{JITTERS[-1]:g} x mean diagonal: the kernel is not PSD on these centres, or they are "
-        "heavily duplicated. Check the kernel with dkern.kernels.check_psd, or pick distinct centres.")
+        "heavily duplicated. Check the kernel with dkern.kernels.check_psd, or pick distinct "
+        "centres.")

@@ -67,7 +67,7 @@ class NystromPreconditioner:
     A rank-r factor ``K ≈ F Fᵀ`` (F of shape (n, r), persisted on the cluster) with
     thin SVD ``F = U Λ^{1/2} Vᵀ`` gives, applied through Woodbury (FTU 2023, eq. 5.3),
 
-    .. math:: P^{-1} = (\\lambda_r + \\alpha)\\, U (\\Lambda + \\alpha I)^{-1} U^\\top + (I - U U^\\top)
+    .. math:: P^{-1} = (\\lambda_r + \\alpha) U (\\Lambda + \\alpha I)^{-1} U^\\top + I - U U^\\top
 
     computed as ``R + F (C (Fᵀ R))`` with an r × r matrix C on the client.
 
@@ -93,7 +93,8 @@ class NystromPreconditioner:
         Xd = data_rows(X)
         n = Xd.shape[0]
         if not (np.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"alpha must be a finite number > 0 (the diagonal shift); got {alpha!r}.")
+            raise ValueError(f"alpha must be a finite number > 0 (the diagonal shift); "
+                             f"got {alpha!r}.")
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
             raise ValueError(f"rank must be an integer in [1, n={n}]; got {rank!r}.")
         if pivots not in ("uniform", "rpcholesky"):
@@ -117,7 +118,8 @@ class NystromPreconditioner:
 
 def _kernel_columns(kernel: Kernel, Xd: da.Array, Z: np.ndarray) -> da.Array:
     """``K(X, Z)`` as a lazy (n, b) dask array over X's row chunks."""
-    return Xd.map_blocks(kernel_columns_block, chunks=(Xd.chunks[0], (len(Z),)), dtype=np.float64,
+    return da.map_blocks(kernel_columns_block, Xd, chunks=(Xd.chunks[0], (len(Z),)),
+                         dtype=np.float64,
                          meta=np.empty((0, 0)), kernel=kernel, Z=Z,
                          name=f"dkern-nystrom-cols-{tokenize(kernel, Xd.name, Z)}")
 
@@ -145,7 +147,7 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     Chen, Epperly, Tropp & Webber (2023), Alg. 3 (block RPCholesky): sample pivots
     ∝ the residual diagonal d, form ``G = K(:, S) − F F[S]ᵀ``, factor ``G[S]``, append.
     """
-    (d,) = dask.persist(Xd.map_blocks(kernel_diag_block, drop_axis=1, dtype=np.float64,
+    (d,) = dask.persist(da.map_blocks(kernel_diag_block, Xd, drop_axis=1, dtype=np.float64,
                                       meta=np.empty((0,)), kernel=kernel))
     initial = chunk_sums(d).sum()
     F = da.zeros((Xd.shape[0], 0), chunks=(Xd.chunks[0], 0))

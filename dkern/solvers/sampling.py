@@ -29,7 +29,7 @@ def chunk_sum_block(w: np.ndarray) -> np.ndarray:
 
 def chunk_sums(weights: da.Array) -> np.ndarray:
     """Sum of the weights in each row chunk, brought to the client; shape (n_chunks,)."""
-    sums = weights.map_blocks(chunk_sum_block, chunks=(1,),
+    sums = da.map_blocks(chunk_sum_block, weights, chunks=(1,),
                               dtype=np.float64, name=f"dkern-chunk-sums-{tokenize(weights.name)}")
     (out,) = dask.compute(sums)
     return np.maximum(np.asarray(out), 0.0)
@@ -62,8 +62,8 @@ def sample_rows(weights: da.Array, size: int, rng: np.random.Generator,
     picks = []
     for c in np.flatnonzero(counts):
         u = rng.random(counts[c])
-        picks.append(weights.blocks[c].map_blocks(
-            pick_in_chunk_block, chunks=(len(u),), dtype=np.int64, u=u,
+        picks.append(da.map_blocks(
+            pick_in_chunk_block, weights.blocks[c], chunks=(len(u),), dtype=np.int64, u=u,
             name=f"dkern-pick-{tokenize(weights.name, c, u)}") + offsets[c])
     return np.concatenate(dask.compute(*picks)).astype(np.int64)
 
