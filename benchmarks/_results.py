@@ -46,7 +46,10 @@ def update_section(name: str, body: str, path: Path = RESULTS) -> None:
     block = f"{start}\n{body.rstrip()}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else f"{text.rstrip()}\n\n{block}\n"
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = f"{text.rstrip()}\n\n{block}\n"
     path.write_text(text)
 
 

@@ -31,7 +31,7 @@ NAIVE_BLOCK_ROWS = 1000
 
 
 def naive_numpy(X, Z, v, ell):
-    """The straightforward loop: X_b @ Z.T -> squared distances -> exp -> @ v, 1000 rows at a time."""
+    """The straightforward loop: X_b @ Z.T -> sq. distances -> exp -> @ v, 1000 rows at a time."""
     out = np.empty((len(X), v.shape[1]), dtype=X.dtype)
     zz = (Z * Z).sum(1)
     for i in range(0, len(X), NAIVE_BLOCK_ROWS):

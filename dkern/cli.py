@@ -102,7 +102,7 @@ def _run_with_progress(client: Any, array: Any, label: str, args: argparse.Names
     for _ in tqdm(as_completed(futures), total=len(futures), desc=label, unit="chunk",
                   disable=args.quiet or args.json, file=sys.stderr):
         pass
-    return persisted.compute()
+    return client.compute(persisted).result()  # this client: tests may hold another default
 
 
 class _client:

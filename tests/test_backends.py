@@ -1,9 +1,8 @@
-"""Backend selection: the KeOps check survives a crashing KeOps, and explicit choices fail clearly."""
+"""Backend selection: the KeOps check survives a crashing KeOps; explicit choices fail clearly."""
 
 import pytest
 
-from dkern.backends import BackendStatus, BackendUnavailableError, resolve_backend
-from dkern.backends import select
+from dkern.backends import BackendStatus, BackendUnavailableError, resolve_backend, select
 
 
 @pytest.fixture
@@ -14,7 +13,8 @@ def fresh_status():
 
 
 def test_a_segfaulting_keops_is_reported_not_fatal(monkeypatch, fresh_status):
-    monkeypatch.setattr(select, "_KEOPS_CHECK", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(select, "_KEOPS_CHECK", crash)
     status = select.keops_status()
     assert not status.available and "crashed (signal 11)" in status.detail
 

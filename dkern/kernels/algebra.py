@@ -168,7 +168,7 @@ class Warp(Kernel):
     def __repr__(self) -> str:
         return f"warp({self.kernel!r}, {getattr(self.f, '__name__', repr(self.f))})"
 
-    def __dask_tokenize__(self) -> tuple[str, Any]:
+    def __dask_tokenize__(self) -> tuple[str, ...]:
         from dask.base import tokenize
 
         return ("Warp", repr(self.kernel), tokenize(self.f))

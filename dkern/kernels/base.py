@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -78,12 +78,12 @@ class Kernel:
     def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
             return NotImplemented
-        mine, theirs = self.get_params(deep=False), other.get_params(deep=False)  # type: ignore[attr-defined]
+        mine, theirs = self.get_params(deep=False), cast(Kernel, other).get_params(deep=False)
         return all(_param_equal(mine[k], theirs[k]) for k in mine)
 
     __hash__ = None  # type: ignore[assignment]  # mutable through set_params
 
-    def __dask_tokenize__(self) -> tuple[str, str]:
+    def __dask_tokenize__(self) -> tuple[str, ...]:
         return (type(self).__name__, repr(self))
 
     # ------------------------------------------------------------- algebra
@@ -155,7 +155,7 @@ def check_integer(value: Any, name: str, owner: str, minimum: int) -> int:
     """``value`` as an int >= ``minimum``, else a ``TypeError``/``ValueError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         if isinstance(value, Real) and float(value).is_integer():
-            value = int(value)
+            value = int(float(value))
         else:
             raise TypeError(f"{owner}: {name} must be an integer >= {minimum}; got {value!r}.")
     if value < minimum:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -45,8 +46,8 @@ class Polynomial(Kernel):
 
     def _validate(self) -> None:
         check_integer(self.degree, "degree", "Polynomial", minimum=1)
-        if isinstance(self.c, bool) or not np.isscalar(self.c) or not np.isfinite(self.c) \
-                or self.c < 0:
+        c = self.c
+        if isinstance(c, bool) or not isinstance(c, Real) or not np.isfinite(c) or c < 0:
             raise ValueError(f"Polynomial: c must be a finite number >= 0; got {self.c!r}.")
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:

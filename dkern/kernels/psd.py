@@ -57,7 +57,8 @@ def check_psd(kernel: Kernel, X: Any, n: int = 1000, *, random_state: int | None
         raise ValueError(f"check_psd: n must be between 2 and {MAX_PSD_SAMPLE} (a dense "
                          f"eigenproblem); got n={n}.")
     n_rows = X.shape[0]
-    rows = np.sort(np.random.default_rng(random_state).choice(n_rows, min(n, n_rows), replace=False))
+    rng = np.random.default_rng(random_state)
+    rows = np.sort(rng.choice(n_rows, min(n, n_rows), replace=False))
     sample = np.asarray(X[rows], dtype=np.float64)
     eig = scipy.linalg.eigvalsh(kernel(sample))
     lo, hi = float(eig[0]), float(eig[-1])

@@ -46,7 +46,8 @@ class Stationary(Kernel):
         ell = np.asarray(self.lengthscale, dtype=X.dtype)
         if ell.ndim == 1 and ell.shape[0] != X.shape[1]:
             raise ValueError(f"{type(self).__name__}: lengthscale has {ell.shape[0]} entries but "
-                             f"the data has {X.shape[1]} features; give one per feature or a scalar.")
+                             f"the data has {X.shape[1]} features; give one per feature or a "
+                             "scalar.")
         return X / ell
 
     def half_neg_sqdist(self, X: Array, Z: Array, exact_near: bool = False) -> Array:
@@ -56,7 +57,8 @@ class Stationary(Kernel):
         from their differences (for kernels that take a square root).
         """
         dtype = np.result_type(X.dtype, Z.dtype, np.float32)
-        Xs, Zs = self._scale(X.astype(dtype, copy=False)), self._scale(Z.astype(dtype, copy=False))
+        Xs = self._scale(X.astype(dtype, copy=False))
+        Zs = self._scale(Z.astype(dtype, copy=False))
         centre = Zs.mean(axis=0)
         Xs, Zs = Xs - centre, Zs - centre
         ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)

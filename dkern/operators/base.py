@@ -57,8 +57,9 @@ class Operator:
             if V.ndim in (1, 2) and not np.all(np.isfinite(V)):
                 raise ValueError("V contains NaN or Inf; the product would be NaN.")
         if V.ndim not in (1, 2) or V.shape[0] != self.shape[1]:
-            raise ValueError(f"V must have shape ({self.shape[1]},) or ({self.shape[1]}, t) to "
-                             f"multiply an operator of shape {self.shape}; got V of shape {V.shape}.")
+            m = self.shape[1]
+            raise ValueError(f"V must have shape ({m},) or ({m}, t) to multiply an operator of "
+                             f"shape {self.shape}; got V of shape {V.shape}.")
         V2 = V.reshape(V.shape[0], -1) if V.ndim == 1 else V
         V2 = V2.astype(self.dtype, copy=False)
         if isinstance(V2, da.Array):

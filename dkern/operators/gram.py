@@ -68,9 +68,10 @@ class GramOperator(Operator):
         if not self.is_square:
             raise ValueError(f"diag() needs a square operator gram(kernel, X); this one has "
                              f"shape {self.shape} with Z given.")
-        return self.X.map_blocks(kernel_diag_block, drop_axis=1, dtype=self.dtype,
-                                 meta=np.empty((0,), self.dtype), kernel=self.kernel,
-                                 out_dtype=self.dtype, name=f"dkern-diag-{tokenize(self.kernel, self.X.name)}")
+        return da.map_blocks(kernel_diag_block, self.X, drop_axis=1, dtype=self.dtype,
+                             meta=np.empty((0,), self.dtype), kernel=self.kernel,
+                             out_dtype=self.dtype,
+                             name=f"dkern-diag-{tokenize(self.kernel, self.X.name)}")
 
     @property
     def T(self) -> GramOperator:
