@@ -12,7 +12,7 @@ import numpy as np
 
 from ..kernels import Kernel
 from .keops_backend import matvec_block_keops
-from .numpy_backend import TILE_BYTES
+from .numpy_backend import TILE_BYTES, single_threaded_blas
 
 
 def normal_matvec_block_numpy(kernel: Kernel, x: np.ndarray, C: np.ndarray, v: np.ndarray,
@@ -40,9 +40,10 @@ def normal_matvec_block_numpy(kernel: Kernel, x: np.ndarray, C: np.ndarray, v: n
         tile_rows = max(1, TILE_BYTES // (max(1, C.shape[0]) * np.dtype(x.dtype).itemsize))
     out = np.zeros((C.shape[0], v.shape[1]), dtype=np.float64)
     v = v.astype(np.result_type(x.dtype, np.float32), copy=False)
-    for i0 in range(0, x.shape[0], tile_rows):
-        Kt = kernel(x[i0:i0 + tile_rows], C)  # shape: (tile_rows, M)
-        out += Kt.T @ (Kt @ v)
+    with single_threaded_blas():
+        for i0 in range(0, x.shape[0], tile_rows):
+            Kt = kernel(x[i0:i0 + tile_rows], C)  # shape: (tile_rows, M)
+            out += Kt.T @ (Kt @ v)
     return out
 
 

@@ -12,6 +12,7 @@ multithreaded BLAS on tiles this small is slower than one thread (measured 2.5×
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -51,12 +52,17 @@ def matvec_block_numpy(kernel: Kernel, X: np.ndarray, Z: np.ndarray, V: np.ndarr
     if tile_rows is None or tile_cols is None:
         tile_rows, tile_cols = default_tile(X.dtype)
     out = np.zeros((X.shape[0], V.shape[1]), dtype=np.float64)
-    with _blas_controller().limit(limits=1, user_api="blas"):
+    with single_threaded_blas():
         for j0 in range(0, Z.shape[0], tile_cols):
             Zt, Vt = Z[j0:j0 + tile_cols], V[j0:j0 + tile_cols]
             for i0 in range(0, X.shape[0], tile_rows):
                 out[i0:i0 + tile_rows] += kernel(X[i0:i0 + tile_rows], Zt) @ Vt
     return out
+
+
+def single_threaded_blas() -> Any:
+    """Context manager limiting BLAS to one thread (tasks run side by side instead)."""
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 @functools.lru_cache(maxsize=1)
