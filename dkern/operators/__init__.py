@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Operator
+from .base import Operator, data_rows
 from .gram import GramOperator, gram
 from .shifted import ShiftedOperator
 
-__all__ = ["GramOperator", "Operator", "ShiftedOperator", "gram"]
+__all__ = ["GramOperator", "Operator", "ShiftedOperator", "data_rows", "gram"]

@@ -9,6 +9,15 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from ..io import as_rows
+
+
+def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
+              check_finite: bool = True) -> da.Array:
+    """X as a row-chunked float dask array (float32 stays float32, anything else float64)."""
+    Xd = as_rows(X, name=name, dtype=dtype, check_finite=check_finite)
+    return Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
+
 
 class Operator:
     """A linear operator of shape (n, m) acting on dask arrays, never materialised.

@@ -15,9 +15,8 @@ import numpy as np
 from dask.base import tokenize
 
 from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
-from ..io import as_rows
 from ..kernels import Kernel
-from .base import Operator
+from .base import Operator, data_rows
 
 
 def gram_matvec_block(x: np.ndarray, z: np.ndarray, v: np.ndarray, *, kernel: Kernel,
@@ -111,12 +110,10 @@ def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
         raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0); "
                         f"got {type(kernel).__name__}.")
     concrete = resolve_backend(backend)
-    Xd = as_rows(X, name="X", dtype=dtype, check_finite=check_finite)
-    if dtype is None and Xd.dtype != np.float32:
-        Xd = Xd.astype(np.float64)
+    Xd = data_rows(X, name="X", dtype=dtype, check_finite=check_finite)
     Zd = None
     if Z is not None:
-        Zd = as_rows(Z, name="Z", dtype=Xd.dtype, check_finite=check_finite)
+        Zd = data_rows(Z, name="Z", dtype=Xd.dtype, check_finite=check_finite)
         if Zd.shape[1] != Xd.shape[1]:
             raise ValueError(f"X and Z must have the same number of features; got X of shape "
                              f"{Xd.shape} and Z of shape {Zd.shape}.")

@@ -23,6 +23,7 @@ from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
 from ..backends.normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from ..io import as_rows
 from ..kernels import Kernel
+from .base import data_rows
 
 
 def normal_block(x: np.ndarray, *, kernel: Kernel, C: np.ndarray, v: np.ndarray,
@@ -45,12 +46,6 @@ def forward_block(x: np.ndarray, *, kernel: Kernel, C: np.ndarray, beta: np.ndar
     """One task: ``K(x, C) β``; shape (n_i, t)."""
     block = matvec_block_keops if backend == "keops" else matvec_block_numpy
     return block(kernel, x, C, beta).astype(out_dtype, copy=False)
-
-
-def data_rows(X: Any, *, name: str = "X", dtype: Any = None) -> da.Array:
-    """X as a row-chunked float dask array (float32 stays float32, else float64)."""
-    Xd = as_rows(X, name=name, dtype=dtype)
-    return Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
 
 
 class NystromOperator:

@@ -32,7 +32,7 @@ from dask.base import tokenize
 
 from ..backends import resolve_backend
 from ..kernels import Kernel
-from ..operators.nystrom import data_rows
+from ..operators.base import data_rows
 from .sampling import gather_rows, sample_distinct
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from dask.base import tokenize
 
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
-from ..operators.nystrom import data_rows
+from ..operators.base import data_rows
 from .sampling import chunk_sums, gather_rows, sample_rows
 
 logger = logging.getLogger(__name__)
