@@ -70,3 +70,20 @@ def test_connect_uses_env_address(monkeypatch, cluster_client):
     with connect() as client:
         assert client.scheduler.address == cluster_client.scheduler.address
         assert len(client.nthreads()) == 2
+
+
+@pytest.mark.distributed
+def test_embedded_cluster_workers_get_the_malloc_settings():
+    import os
+
+    import dask
+
+    from dkern.runtime import WORKER_MALLOC_ENV
+
+    with connect(n_workers=1) as client:
+        env = client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC_ENV})
+        cluster = client.cluster
+    cluster.close()
+    assert list(env.values()) == [WORKER_MALLOC_ENV]
+    # scoped to the cluster's creation: the user's Dask config is left as it was
+    assert "MALLOC_MMAP_THRESHOLD_" not in dask.config.get("distributed.nanny.pre-spawn-environ")
