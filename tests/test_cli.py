@@ -43,14 +43,34 @@ def test_make_data_writes_a_store_that_reads_back(capsys, tmp_path):
 
 
 @pytest.mark.distributed
-def test_demo_runs_matvecs_and_reports_throughput(capsys, tmp_path):
-    code, out, _ = run(capsys, "demo", "--n", "4000", "--m", "500", "--d", "3", "--chunk-rows",
-                       "1000", "--repeats", "2", "--workers", "2", "--json",
-                       "--store", str(tmp_path / "demo.zarr"))
+def test_demo_fits_predicts_and_reports(capsys, tmp_path):
+    store = str(tmp_path / "demo.zarr")
+    code, out, _ = run(capsys, "demo", "--n", "6000", "--n-test", "500", "--d", "3",
+                       "--centers", "200", "--chunk-rows", "2000", "--alpha", "0.1",
+                       "--workers", "2", "--json", "--store", store)
     report = json.loads(out)
-    assert code == 0 and report["backend"] == "numpy"
-    assert len(report["matvec_s"]) == 2 and report["entries_per_s"] > 1e6
-    assert report["result_norm"] > 0
+    assert code == 0 and report["solver"] == "nystrom" and report["centers"] == 200
+    # y_test is noise-free; training noise is 0.1 and the signal's std about 0.7
+    assert report["test_rmse"] < 0.1
+    pred, y_test = open_array(store, "pred").compute(), open_array(store, "y_test").compute()
+    assert np.sqrt(np.mean((pred - y_test) ** 2)) == pytest.approx(report["test_rmse"], abs=1e-5)
+
+
+@pytest.mark.distributed
+def test_fit_then_predict_from_the_shell(capsys, tmp_path):
+    store, model = str(tmp_path / "d.zarr"), str(tmp_path / "model.zarr")
+    assert run(capsys, "make-data", "--out", store, "--n", "3000", "--d", "2", "--n-test",
+               "300", "--workers", "1", "--quiet")[0] == 0
+    args = ["fit", "--data", store, "--x", "X", "--y", "y", "--kernel",
+            "Gaussian(lengthscale=0.5)", "--alpha", "0.1", "--solver", "nystrom", "--centers",
+            "150", "--model", model, "--workers", "1", "--json"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and json.loads(out)["solver"] == "nystrom"
+    code, _, err = run(capsys, *args)
+    assert code == 1 and "overwrite" in err  # an existing model is not replaced silently
+    code, out, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--y", "y_test", "--workers", "1", "--json")
+    assert code == 0 and json.loads(out)["rmse"] < 0.1
 
 
 def test_bad_arguments_exit_2(capsys):
