@@ -1,0 +1,131 @@
+"""Input checks shared by the estimators: operands, targets, parameters, random state.
+
+In-memory operands go through scikit-learn's ``validate_data`` (its messages,
+``n_features_in_`` and ``feature_names_in_``); dask and Zarr operands go through
+:func:`dkern.io.as_rows`, which checks them lazily, chunk by chunk, without
+loading them.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from sklearn.utils.validation import validate_data
+
+from ..io import as_rows
+
+
+def is_lazy(X: Any) -> bool:
+    """True for operands that stay out of memory: dask, Zarr, or ``(url, path)``."""
+    return isinstance(X, da.Array | zarr.Array | tuple)
+
+
+def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
+    """X as a float64 numpy array (in-memory input) or a row-chunked dask array (lazy input).
+
+    ``reset=True`` records ``n_features_in_``; ``reset=False`` checks X against it
+    with scikit-learn's message.
+    """
+    if not is_lazy(X):
+        return validate_data(estimator, X, reset=reset, dtype=np.float64)
+    Xd = as_rows(X, name="X")
+    if reset:
+        estimator.n_features_in_ = Xd.shape[1]
+        if hasattr(estimator, "feature_names_in_"):
+            del estimator.feature_names_in_
+    elif Xd.shape[1] != estimator.n_features_in_:
+        raise ValueError(f"X has {Xd.shape[1]} features, but {type(estimator).__name__} is "
+                         f"expecting {estimator.n_features_in_} features as input.")
+    return Xd
+
+
+def check_y(y: Any, n_rows: int, owner: str) -> np.ndarray | da.Array:
+    """y of shape (n,) or (n, t) matching X's ``n_rows``; numpy is checked for NaN/Inf now.
+
+    Dask and Zarr targets stay lazy (and are checked as their chunks are read).
+    """
+    if y is None:
+        raise ValueError(f"{owner} requires y to be passed, but the target y is None. "
+                         "Pass the targets, shape (n_samples,) or (n_samples, n_targets).")
+    yv = as_rows(y, name="y", ndim=(1, 2)) if is_lazy(y) else _numpy_y(y)
+    if yv.shape[0] != n_rows:
+        raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one target row "
+                         "per sample of X.")
+    return yv
+
+
+def _numpy_y(y: Any) -> np.ndarray:
+    yn = np.asarray(y)
+    if yn.dtype.kind not in "biuf":
+        try:
+            yn = yn.astype(np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"y must hold numbers (a regression target); got dtype {yn.dtype}. "
+                             "Encode or convert the targets first.") from None
+    yn = yn.astype(np.float64, copy=False)
+    if yn.ndim not in (1, 2) or yn.shape[0] == 0:
+        raise ValueError(f"y must have shape (n_samples,) or (n_samples, n_targets) with at least "
+                         f"one sample; got shape {yn.shape}.")
+    bad = ~np.isfinite(yn).reshape(len(yn), -1).all(axis=1)
+    if bad.any():
+        raise ValueError(f"y contains NaN or infinity in {int(bad.sum())} rows, the first at row "
+                         f"{int(np.argmax(bad))}. Drop or impute those samples.")
+    return yn
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite real number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        return None
+    return float(value)
+
+
+def check_alpha(alpha: Any, solver: str) -> float:
+    """``alpha`` as a float: > 0 for the iterative solvers, >= 0 for exact (as scikit-learn)."""
+    value = _finite(alpha)
+    if value is None or value < 0 or (value == 0 and solver != "exact"):
+        bound = ">= 0" if solver == "exact" else "> 0"
+        raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} (the ridge "
+                         f"penalty added to the Gram diagonal); got {alpha!r}. Use e.g. "
+                         "alpha=1e-3.")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a ValueError listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}.")
+    return value
+
+
+def check_optional_int(value: Any, name: str, minimum: int) -> int | None:
+    """None, or ``value`` as an int >= ``minimum``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be None or an integer >= {minimum}; got {value!r}.")
+    return int(value)
+
+
+def check_tol(tol: Any) -> float:
+    """``tol`` as a float > 0."""
+    value = _finite(tol)
+    if value is None or value <= 0:
+        raise ValueError(f"tol must be a finite number > 0, e.g. 1e-6; got {tol!r}.")
+    return value
+
+
+def as_generator(random_state: Any) -> np.random.Generator:
+    """A numpy Generator from None, an int, a Generator or a legacy ``RandomState``."""
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(np.iinfo(np.int32).max))
+    try:
+        return np.random.default_rng(random_state)
+    except (TypeError, ValueError):
+        raise ValueError(f"random_state must be None, an int, a numpy Generator or RandomState; "
+                         f"got {random_state!r}.") from None
