@@ -1,0 +1,205 @@
+"""Model files: a fitted estimator as one Zarr group, published atomically, never pickled.
+
+Layout (written by one :func:`dkern.io.write_arrays` call, so readers see the
+old model or the complete new one)::
+
+    attrs:  {"dkern_model": "KernelRidge", "format": 1, "dkern_version": "0.1.0",
+             "kernel": "Gaussian(lengthscale=1.0)", "kernel_is_default": false,
+             "params": {... get_params(deep=False) without the kernel ...},
+             "fitted": {"solver_": "cg", "n_iter_": 41, "converged_": true,
+                        "n_features_in_": 6, "X_fit_lazy": false, "dual_coef_lazy": false}}
+    arrays: dual_coef, X_fit (exact, cg) or centers (nystrom), residuals (cg, nystrom)
+
+The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
+which runs no Python beyond kernel names, numbers and the kernel algebra.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.utils.validation import check_is_fitted
+
+from .._version import __version__
+from ..errors import DkernError, StoreError
+from ..io import list_arrays, open_array, read_attrs, write_arrays
+from ..io._store import Url
+from ..kernels import Kernel, from_repr
+from .kernel_ridge import KernelRidge
+
+__all__ = ["MODEL_FORMAT", "load", "save"]
+
+logger = logging.getLogger(__name__)
+
+#: Layout version of model stores; ``load`` refuses any other.
+MODEL_FORMAT = 1
+_MODELS = {"KernelRidge": KernelRidge}
+
+
+def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
+    """Save a fitted model to a Zarr store, all of it published in one atomic step.
+
+    Parameters
+    ----------
+    model : KernelRidge
+        A fitted model. Lazy (dask/Zarr) ``X_fit_`` and ``dual_coef_`` are written
+        chunk by chunk, never gathered on the client.
+    url : str or os.PathLike
+        A local path or fsspec URL; the model is the store's top-level group.
+    overwrite : bool, default False
+        Replace a model already there. Readers see the old model until the new one
+        is complete; arrays of the old model the new one does not name stay in the
+        store but are no longer part of the model.
+
+    Raises
+    ------
+    sklearn.exceptions.NotFittedError
+        The model is not fitted.
+    DkernError
+        The kernel cannot be rebuilt from its ``repr`` (``warp`` with a Python function).
+    StoreError
+        The store already holds a model and ``overwrite`` is False.
+    """
+    if not isinstance(model, tuple(_MODELS.values())):
+        raise TypeError(f"save takes a fitted dkern model ({sorted(_MODELS)}); got "
+                        f"{type(model).__name__}.")
+    check_is_fitted(model, "dual_coef_")
+    url = os.fspath(url)
+    kernel_text = _kernel_text(model.kernel_)
+    found = _existing_attrs(url)
+    if "dkern_model" in found and not overwrite:
+        raise StoreError(f"{url!r} already holds a saved {found['dkern_model']} model; pass "
+                         "overwrite=True to replace it (the old one stays readable until the "
+                         "new one is complete).")
+    arrays: dict[str, Any] = {"dual_coef": model.dual_coef_}
+    if model.solver_ == "nystrom":
+        arrays["centers"] = model.centers_
+    else:
+        arrays["X_fit"] = model.X_fit_
+    if model.residuals_ is not None:
+        arrays["residuals"] = model.residuals_
+    attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
+             "dkern_version": __version__, "kernel": kernel_text,
+             "kernel_is_default": model.kernel is None, "params": _json_params(model),
+             "fitted": _fitted_scalars(model)}
+    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite)
+    logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
+
+
+def load(url: Url) -> KernelRidge:
+    """Load a model saved with :func:`save`.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+
+    Returns
+    -------
+    KernelRidge
+        Fitted; its predictions equal the saved model's. Arrays that were lazy when
+        saved (dask/Zarr ``X_fit_``, cg's dask ``dual_coef_``) come back as lazy dask
+        arrays reading this store; the others are loaded into memory.
+
+    Raises
+    ------
+    StoreError
+        No store at ``url``, a store that is not a dkern model, or a model written in
+        another format or by an incompatible (different major) dkern version.
+    """
+    url = os.fspath(url)
+    attrs = _model_attrs(url)
+    kernel = from_repr(attrs["kernel"])
+    model = _MODELS[attrs["dkern_model"]](
+        kernel=None if attrs["kernel_is_default"] else kernel, **attrs["params"])
+    fitted = dict(attrs["fitted"])
+    model.kernel_ = kernel
+    model.dual_coef_ = _read(url, "dual_coef", lazy=fitted.pop("dual_coef_lazy"))
+    x_fit_lazy = fitted.pop("X_fit_lazy")
+    if fitted["solver_"] == "nystrom":
+        model.centers_ = _read(url, "centers", lazy=False)
+    else:
+        model.X_fit_ = _read(url, "X_fit", lazy=x_fit_lazy)
+    model.residuals_ = _read(url, "residuals", lazy=False) if fitted["solver_"] != "exact" else None
+    if "feature_names_in_" in fitted:
+        fitted["feature_names_in_"] = np.asarray(fitted["feature_names_in_"], dtype=object)
+    for name, value in fitted.items():
+        setattr(model, name, value)
+    return model
+
+
+def _kernel_text(kernel: Kernel) -> str:
+    """``repr(kernel)``, after checking that ``from_repr`` rebuilds an equal kernel."""
+    text = repr(kernel)
+    try:
+        same = from_repr(text) == kernel
+    except ValueError:
+        same = False
+    if not same:
+        raise DkernError(
+            f"cannot save a model whose kernel is {text}: a model file stores the kernel as its "
+            "repr and rebuilds it with dkern.kernels.from_repr, and this one does not round-trip "
+            "(warp(k, f) holds an arbitrary Python function, and dkern never pickles). Fit with "
+            "a kernel built from dkern's kernels and their algebra (+, *, **, exp) to save it.")
+    return text
+
+
+def _json_params(model: KernelRidge) -> dict[str, Any]:
+    params = model.get_params(deep=False)
+    params.pop("kernel")
+    seed = params["random_state"]
+    if seed is not None and not isinstance(seed, int):
+        warnings.warn(f"random_state={seed!r} cannot be stored in a model file; the loaded "
+                      "model gets random_state=None (this only matters if it is refitted). "
+                      "Fit with an int random_state to keep it.", UserWarning, stacklevel=3)
+        params["random_state"] = None
+    return params
+
+
+def _fitted_scalars(model: KernelRidge) -> dict[str, Any]:
+    fitted = {"solver_": model.solver_, "n_iter_": int(model.n_iter_),
+              "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_),
+              "dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
+              "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)}
+    if hasattr(model, "feature_names_in_"):
+        fitted["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
+    return fitted
+
+
+def _existing_attrs(url: str) -> dict[str, Any]:
+    """The attributes of the store at ``url``; ``{}`` if there is none yet."""
+    try:
+        return read_attrs(url)
+    except StoreError:
+        return {}
+
+
+def _model_attrs(url: str) -> dict[str, Any]:
+    """The model attributes of ``url``, checked for kind, format and dkern version."""
+    attrs = read_attrs(url)
+    kind = attrs.get("dkern_model")
+    if kind not in _MODELS:
+        raise StoreError(
+            f"{url!r} is not a dkern model store: expected the attribute 'dkern_model' (one of "
+            f"{sorted(_MODELS)}) written by dkern.save; found {kind!r}, attributes "
+            f"{sorted(attrs)} and arrays {list_arrays(url)}. Open data arrays with "
+            "dkern.io.open_array instead.")
+    if attrs.get("format") != MODEL_FORMAT:
+        raise StoreError(f"{url!r} holds a {kind} model of format {attrs.get('format')!r}; this "
+                         f"dkern {__version__} reads model format {MODEL_FORMAT}. Load it with the "
+                         f"dkern version that wrote it ({attrs.get('dkern_version')}) and refit.")
+    saved_major = str(attrs.get("dkern_version", "?")).split(".")[0]
+    if saved_major != __version__.split(".")[0]:
+        raise StoreError(f"{url!r} holds a model saved by dkern {attrs.get('dkern_version')}; "
+                         f"this is dkern {__version__}, a different major version. Load it with "
+                         "a matching dkern and refit.")
+    return attrs
+
+
+def _read(url: str, name: str, *, lazy: bool) -> Any:
+    x = open_array(url, name)
+    return x if lazy else x.compute()

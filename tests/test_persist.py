@@ -1,0 +1,113 @@
+"""Model files: round trips give identical predictions; refusals leave stores intact."""
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.exceptions import NotFittedError
+
+import dkern
+from dkern import KernelRidge
+from dkern.errors import DkernError, StoreError
+from dkern.kernels import Gaussian, Laplacian, Matern, warp
+
+pytestmark = pytest.mark.usefixtures("sync_scheduler")
+
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(300, 3))
+Y = np.column_stack([np.sin(X[:, 0]) + X[:, 1] ** 2, np.cos(X[:, 2])])
+X_NEW = RNG.normal(size=(120, 3))
+KERNEL = 2.0 * Gaussian([1.0, 2.0, 0.5]) + Matern(1.5, nu=2.5)
+
+
+def roundtrip(model, tmp_path, name="model.zarr"):
+    url = str(tmp_path / name)
+    dkern.save(model, url)
+    return url, dkern.load(url)
+
+
+def test_exact_round_trip_is_bitwise_equal(tmp_path):
+    model = KernelRidge(KERNEL, alpha=0.3, solver="exact").fit(X, Y)
+    url, loaded = roundtrip(model, tmp_path)
+    assert np.array_equal(loaded.predict(X_NEW), model.predict(X_NEW))
+    assert loaded.kernel == KERNEL and loaded.get_params()["alpha"] == 0.3
+    assert isinstance(loaded.X_fit_, np.ndarray) and loaded.residuals_ is None
+    attrs = dkern.io.read_attrs(url)
+    assert attrs["dkern_model"] == "KernelRidge" and attrs["format"] == 1
+    assert attrs["kernel"] == repr(KERNEL) and "kernel" not in attrs["params"]
+    assert sorted(dkern.io.list_arrays(url)) == ["X_fit", "dual_coef"]
+
+
+def test_cg_with_dask_x_round_trip_stays_lazy(tmp_path):
+    Xd = da.from_array(X, chunks=100)
+    model = KernelRidge(Laplacian(1.5), alpha=0.2, solver="cg", tol=1e-9,
+                        random_state=1).fit(Xd, Y[:, 0])
+    assert isinstance(model.dual_coef_, da.Array)
+    url, loaded = roundtrip(model, tmp_path)
+    assert isinstance(loaded.X_fit_, da.Array) and isinstance(loaded.dual_coef_, da.Array)
+    assert loaded.X_fit_.chunks == Xd.chunks  # written chunk by chunk, never gathered
+    assert np.array_equal(loaded.predict(X_NEW), model.predict(X_NEW))
+    assert loaded.n_iter_ == model.n_iter_ and loaded.converged_
+    np.testing.assert_array_equal(loaded.residuals_, model.residuals_)
+    assert loaded.random_state == 1 and loaded.solver == "cg"
+
+
+def test_nystrom_round_trip_default_kernel_and_feature_names(tmp_path):
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    model = KernelRidge(alpha=0.1, solver="nystrom", n_centers=40, random_state=0).fit(frame, Y)
+    url, loaded = roundtrip(model, tmp_path)
+    assert loaded.kernel is None and loaded.kernel_ == Gaussian(1.0)
+    np.testing.assert_array_equal(loaded.centers_, model.centers_)
+    assert list(loaded.feature_names_in_) == ["a", "b", "c"]
+    new = pd.DataFrame(X_NEW, columns=["a", "b", "c"])
+    assert np.array_equal(loaded.predict(new), model.predict(new))
+    assert "X_fit" not in dkern.io.list_arrays(url)
+
+
+def test_save_refuses_to_replace_a_model_and_keeps_the_old_one(tmp_path):
+    old = KernelRidge(KERNEL, alpha=0.3, solver="exact").fit(X, Y)
+    url, _ = roundtrip(old, tmp_path)
+    new = KernelRidge(alpha=1.0, solver="nystrom", n_centers=30, random_state=0).fit(X, Y)
+    with pytest.raises(StoreError, match="already holds a saved KernelRidge model; pass "
+                                         "overwrite=True"):
+        dkern.save(new, url)
+    assert np.array_equal(dkern.load(url).predict(X_NEW), old.predict(X_NEW))
+    dkern.save(new, url, overwrite=True)
+    replaced = dkern.load(url)
+    assert replaced.solver_ == "nystrom"
+    assert np.array_equal(replaced.predict(X_NEW), new.predict(X_NEW))
+
+
+def test_load_rejects_stores_that_are_not_models(tmp_path):
+    url = str(tmp_path / "data.zarr")
+    dkern.io.write_arrays(url, {"X": X}, attrs={"source": "synthetic"})
+    with pytest.raises(StoreError, match=r"is not a dkern model store.*found None, attributes "
+                                         r"\['source'\] and arrays \['X'\]"):
+        dkern.load(url)
+    with pytest.raises(StoreError, match="no Zarr group"):
+        dkern.load(str(tmp_path / "missing.zarr"))
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"format": 2}, "of format 2; this dkern .* reads model format 1"),
+    ({"dkern_version": "1.0.0"}, "saved by dkern 1.0.0; this is dkern .* different major"),
+])
+def test_load_rejects_incompatible_models(tmp_path, attrs, message):
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs=attrs)
+    with pytest.raises(StoreError, match=message):
+        dkern.load(url)
+
+
+def test_save_refuses_unfitted_and_unrestorable_models(tmp_path):
+    with pytest.raises(NotFittedError):
+        dkern.save(KernelRidge(), str(tmp_path / "a.zarr"))
+    model = KernelRidge(warp(Gaussian(1.0), np.linalg.norm), solver="exact")
+    model.set_params(kernel=warp(Gaussian(1.0), _row_norm)).fit(X, Y)
+    with pytest.raises(DkernError, match="does not round-trip .* dkern never pickles"):
+        dkern.save(model, str(tmp_path / "b.zarr"))
+    assert not (tmp_path / "b.zarr").exists()
+
+
+def _row_norm(rows):
+    return 1.0 + np.linalg.norm(rows, axis=1)
