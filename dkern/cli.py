@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--n-test", type=_positive_int, default=20_000)
     demo.add_argument("--d", type=_positive_int, default=8)
     demo.add_argument("--centers", type=_positive_int, default=1_000)
-    demo.add_argument("--lengthscale", type=float, default=1.0)
+    demo.add_argument("--lengthscale", type=float, default=3.0)
     demo.add_argument("--chunk-rows", type=_positive_int, default=50_000)
     demo.add_argument("--store", default=None, help="where to write (default: a temp dir)")
     demo.set_defaults(run=_demo)
