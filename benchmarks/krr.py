@@ -1,0 +1,240 @@
+"""Kernel ridge regression: dkern's Nyström/Falkon and preconditioned CG against scikit-learn,
+side by side in one run. Each part rewrites its own section of benchmarks/RESULTS.md.
+
+    python benchmarks/krr.py                      # every part
+    python benchmarks/krr.py --only million       # n = 1,000,000 Nyström from Zarr (fit <= 60 s?)
+    python benchmarks/krr.py --only sklearn-nystrom sklearn-krr iterations cg-100k
+
+Data: dkern's synthetic store (``dkern make-data``): X uniform on [-1, 1]^8,
+y = sin(3 x0) + 0.5 cos(2 Σx/√8) + 0.1 N(0, 1); test targets are noise-free, so an RMSE
+near 0.05 is close to what M = 1,000-2,000 centres can do here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import dask
+import dask.array as da
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import machine, markdown_table, update_section  # noqa: E402
+
+import dkern  # noqa: E402
+from dkern.errors import ConvergenceWarning  # noqa: E402
+from dkern.io import make_regression_store, open_array  # noqa: E402
+from dkern.kernels import Gaussian  # noqa: E402
+from dkern.solvers import JacobiPreconditioner, NystromPreconditioner, cg  # noqa: E402
+
+ELL, ALPHA, D = 3.0, 1e-3, 8
+GAMMA = 1.0 / (2 * ELL**2)  # scikit-learn's rbf gamma for the same kernel
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def rmse(pred, truth) -> float:
+    return float(np.sqrt(np.mean((np.asarray(pred) - np.asarray(truth)) ** 2)))
+
+
+def store_with(n: int, n_test: int, chunk_rows: int) -> str:
+    url = os.path.join(tempfile.mkdtemp(prefix="dkern-krr-"), "krr.zarr")
+    make_regression_store(url, n, D, chunk_rows=chunk_rows, n_test=n_test, seed=0)
+    return url
+
+
+def load(url: str, *names: str) -> list[np.ndarray]:
+    return [open_array(url, name).compute() for name in names]
+
+
+def part_million(args) -> str:
+    """n = 1,000,000, M = 2,000 Nyström from a Zarr store on a LocalCluster of 2 workers."""
+    n, M = args.million_n, 2_000
+    with dkern.connect(n_workers=2, threads_per_worker=1) as client:
+        url = store_with(n, 20_000, 100_000)
+        rows = []
+        for tol in (1e-3, 1e-6):
+            model = dkern.KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="nystrom",
+                                      n_centers=M, tol=tol, random_state=0)
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                model.fit((url, "X"), (url, "y"))
+            fit_s = time.perf_counter() - start
+            err = rmse(model.predict((url, "X_test")).compute(), load(url, "y_test")[0])
+            rows.append([f"{tol:g}", model.n_iter_, f"{fit_s:.1f}", f"{err:.4f}",
+                         "yes" if fit_s <= 60 else "**no**"])
+            if args.quick:
+                break
+        peaks = {"client + scheduler": peak_rss_gb()}
+        peaks.update({f"worker {a.rsplit(':', 1)[-1]}": gb
+                      for a, gb in client.run(peak_rss_gb).items()})
+    mem = ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items())
+    return (f"### n = {n:,}, d = 8, M = {M:,} Nyström from Zarr, LocalCluster(2 workers)\n\n"
+            + markdown_table(["tol", "iterations", "fit (s)", "test RMSE", "fit ≤ 60 s"], rows)
+            + f"\n\nPeak RSS per process (target ≤ 2 GB): {mem}.")
+
+
+def sklearn_nystroem(X, y, Xt, M):
+    from sklearn.kernel_approximation import Nystroem
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+
+    return make_pipeline(Nystroem(kernel="rbf", gamma=GAMMA, n_components=M, random_state=0),
+                         Ridge(alpha=ALPHA)).fit(X, y).predict(Xt)
+
+
+def part_sklearn_nystrom(args) -> str:
+    """n = 200,000: dkern Nyström vs sklearn Nystroem + Ridge at equal M (same objective)."""
+    n, M = 200_000, 1_000
+    url = store_with(n, 20_000, 50_000)
+    X, y, Xt, yt = load(url, "X", "y", "X_test", "y_test")
+    rows = []
+    start = time.perf_counter()
+    pred = sklearn_nystroem(X, y, Xt, M)
+    base_s = time.perf_counter() - start
+    base = rmse(pred, yt)
+    rows.append(["sklearn Nystroem + Ridge", "-", f"{base_s:.1f}", f"{base:.4f}", "1.00", "1.00"])
+    for tol in (1e-3, 1e-6):
+        model = dkern.KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="nystrom", n_centers=M,
+                                  tol=tol, random_state=0)
+        start = time.perf_counter()
+        with dask.config.set(scheduler="threads"):
+            model.fit(da.from_array(X, chunks=(50_000, -1)), da.from_array(y, chunks=50_000))
+            err = rmse(model.predict(Xt), yt)
+        sec = time.perf_counter() - start
+        rows.append([f"dkern Nyström, tol={tol:g}", model.n_iter_, f"{sec:.1f}", f"{err:.4f}",
+                     f"{err / base:.3f}", f"{base_s / sec:.2f}"])
+    return (f"### n = {n:,}: dkern vs scikit-learn `Nystroem(n_components={M})` + `Ridge`, "
+            f"in-process, same kernel (ℓ = {ELL}), same α = {ALPHA}\n\n"
+            + markdown_table(["method", "iterations", "fit + predict (s)", "test RMSE",
+                              "RMSE / sklearn", "speed-up vs sklearn"], rows)
+            + "\n\nTarget: RMSE within ±1% of scikit-learn's, and dkern faster.")
+
+
+SKLEARN_KRR = """
+import sys, time, numpy as np
+from sklearn.kernel_ridge import KernelRidge
+X, y, Xt = (np.load(sys.argv[1])[k] for k in ("X", "y", "Xt"))
+start = time.perf_counter()
+model = KernelRidge(kernel="rbf", gamma=float(sys.argv[2]), alpha=float(sys.argv[3]))
+pred = model.fit(X, y).predict(Xt)
+np.save(sys.argv[4], pred)
+print(time.perf_counter() - start)
+"""
+
+
+def part_sklearn_krr(args) -> str:
+    """n = 20,000: dkern preconditioned CG vs sklearn KernelRidge (dense Cholesky)."""
+    n = 20_000
+    url = store_with(n, 5_000, 5_000)
+    X, y, Xt, yt = load(url, "X", "y", "X_test", "y_test")
+    tmp = tempfile.mkdtemp()
+    np.savez(os.path.join(tmp, "d.npz"), X=X, y=y, Xt=Xt)
+    # A 20,000 × 20,000 Cholesky: run it in a child with OPENBLAS_CORETYPE=Haswell, since the
+    # wheel's OpenBLAS segfaults here in multithreaded Cholesky above ~15,800.
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
+    out = subprocess.run([sys.executable, "-c", SKLEARN_KRR, os.path.join(tmp, "d.npz"),
+                          str(GAMMA), str(ALPHA), os.path.join(tmp, "p.npy")],
+                         capture_output=True, text=True, env=env, check=True)
+    base_s, base_pred = float(out.stdout.strip()), np.load(os.path.join(tmp, "p.npy"))
+    model = dkern.KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="cg", tol=1e-6, random_state=0)
+    start = time.perf_counter()
+    with dask.config.set(scheduler="threads"):
+        model.fit(da.from_array(X, chunks=(5_000, -1)), y)
+        pred = model.predict(Xt)
+    sec = time.perf_counter() - start
+    diff = np.abs(pred - base_pred).max() / np.abs(base_pred).max()
+    rows = [["sklearn KernelRidge (dense Cholesky)", "-", f"{base_s:.1f}",
+             f"{rmse(base_pred, yt):.4f}", "1.00"],
+            ["dkern KernelRidge(solver='cg'), tol=1e-6", model.n_iter_, f"{sec:.1f}",
+             f"{rmse(pred, yt):.4f}", f"{base_s / sec:.2f}"]]
+    return (f"### n = {n:,}: dkern preconditioned CG vs scikit-learn `KernelRidge`, α = {ALPHA}\n\n"
+            + markdown_table(["method", "iterations", "fit + predict (s)", "test RMSE",
+                              "speed-up vs sklearn"], rows)
+            + f"\n\nMax relative difference of the predictions: {diff:.1e}.")
+
+
+def part_iterations(args) -> str:
+    """Iterations to tol = 1e-6 with and without preconditioning (n = 20,000)."""
+    n = 20_000
+    url = store_with(n, 0, 5_000)
+    X, y = load(url, "X", "y")
+    Xd = da.from_array(X, chunks=(5_000, -1))
+    rows = []
+    with dask.config.set(scheduler="threads"):
+        A = dkern.gram(Gaussian(ELL), Xd) + ALPHA
+        for name, make in [("none", lambda: None), ("Jacobi", lambda: JacobiPreconditioner(A)),
+                           ("Nyström rank 300, uniform",
+                            lambda: NystromPreconditioner(Gaussian(ELL), Xd, ALPHA, 300,
+                                                          random_state=0)),
+                           ("Nyström rank 300, RPCholesky",
+                            lambda: NystromPreconditioner(Gaussian(ELL), Xd, ALPHA, 300,
+                                                          pivots="rpcholesky", random_state=0))]:
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                res = cg(A, y, preconditioner=make(), tol=1e-6, max_iter=args.max_iter)
+            rows.append([name, res.n_iter, "yes" if res.converged.all() else "no",
+                         f"{res.residuals[-1].max():.1e}", f"{time.perf_counter() - start:.1f}"])
+    return (f"### CG iterations to tol = 1e-6, n = {n:,}, Gaussian ℓ = {ELL}, α = {ALPHA}\n\n"
+            + markdown_table(["preconditioner", "iterations", "converged", "final rel. residual",
+                              "seconds"], rows))
+
+
+def part_cg_100k(args) -> str:
+    """n = 100,000 exact KRR by preconditioned CG (the dense K would need 80 GB)."""
+    n = 100_000
+    with dkern.connect(n_workers=2, threads_per_worker=1) as client:
+        url = store_with(n, 10_000, 25_000)
+        model = dkern.KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="cg", tol=1e-6,
+                                  random_state=0, max_iter=args.max_iter)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit((url, "X"), (url, "y"))
+        fit_s = time.perf_counter() - start
+        err = rmse(model.predict((url, "X_test")).compute(), load(url, "y_test")[0])
+        peaks = {"client + scheduler": peak_rss_gb()}
+        peaks.update({f"worker {a.rsplit(':', 1)[-1]}": gb
+                      for a, gb in client.run(peak_rss_gb).items()})
+    mem = ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items())
+    return (f"### n = {n:,} exact KRR by preconditioned CG (dense K: 80 GB), LocalCluster(2)\n\n"
+            + markdown_table(["iterations", "converged", "final rel. residual", "fit (s)",
+                              "test RMSE"],
+                             [[model.n_iter_, model.converged_,
+                               f"{model.residuals_[-1].max():.1e}", f"{fit_s:.0f}",
+                               f"{err:.4f}"]])
+            + f"\n\nPeak RSS: {mem}.")
+
+
+PARTS = {"million": part_million, "sklearn-nystrom": part_sklearn_nystrom,
+         "sklearn-krr": part_sklearn_krr, "iterations": part_iterations, "cg-100k": part_cg_100k}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=list(PARTS), default=list(PARTS))
+    parser.add_argument("--million-n", type=int, default=1_000_000)
+    parser.add_argument("--max-iter", type=int, default=500)
+    parser.add_argument("--quick", action="store_true", help="one tolerance only")
+    args = parser.parse_args()
+    for name in args.only:
+        body = PARTS[name](args)
+        text = f"## KRR: {name} (`benchmarks/krr.py`)\n\nMachine: {machine()}.\n\n{body}"
+        print(text, flush=True)
+        update_section(f"krr-{name}", text)
+
+
+if __name__ == "__main__":
+    main()
