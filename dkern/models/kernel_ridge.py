@@ -31,11 +31,12 @@ SOLVERS = ("auto", "exact", "cg", "nystrom")
 CENTERS = ("uniform", "leverage")
 #: ``solver="auto"`` solves exactly up to this many rows and uses Nyström/Falkon above.
 AUTO_EXACT_MAX_N = 2_000
-#: Rank of the Nyström preconditioner of ``solver="cg"``. It leaves CG a condition
+#: Rank r of the Nyström preconditioner of ``solver="cg"``. It leaves CG a condition
 #: number of about ``(λ_{r+1} + alpha) / alpha`` (Frangella, Tropp & Udell 2023,
-#: Thm 5.1); Gaussian-type kernels on a few standardised features have eigenvalues
-#: that fall fast enough for rank 300 to reach that regime, and the persisted factor
-#: costs 300 float64 values (2.4 KB) per row, a third of a row chunk of 40 features.
+#: Thm 5.1), and each CG step costs a full pass of n² kernel values, so iterations are
+#: what to save; the factor costs r float64 values per row on the cluster (2.4 KB at
+#: r = 300). Measured on 5 000 diamonds rows (Gaussian(1), alpha=0.1, tol=1e-10):
+#: r = 50, 100, 300, 500 took 136, 80, 31, 12 iterations and 17, 9.9, 3.7, 3.1 s.
 CG_PRECONDITIONER_RANK = 300
 
 
