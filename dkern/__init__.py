@@ -9,19 +9,8 @@ from __future__ import annotations
 
 from . import io, kernels
 from ._version import __version__
+from .models import KernelRidge, load, save
 from .operators import gram
 from .runtime import connect
 
 __all__ = ["KernelRidge", "__version__", "connect", "gram", "io", "kernels", "load", "save"]
-
-#: Names served lazily from dkern.models, which needs scikit-learn: `import dkern` works
-#: without it, and these import it on first use.
-_MODEL_NAMES = ("KernelRidge", "load", "save")
-
-
-def __getattr__(name: str) -> object:
-    if name in _MODEL_NAMES:
-        from . import models
-
-        return getattr(models, name)
-    raise AttributeError(f"module 'dkern' has no attribute {name!r}")
