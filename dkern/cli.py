@@ -66,7 +66,8 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
 
     model = KernelRidge(from_repr(args.kernel), alpha=args.alpha, solver=args.solver,
                         n_centers=args.centers, centers=args.center_method, tol=args.tol,
-                        max_iter=args.max_iter, backend=args.backend, random_state=args.seed)
+                        max_iter=args.max_iter, backend=args.backend, random_state=args.seed,
+                        verbose=not (args.quiet or args.json))
     with _client(args):
         start = time.perf_counter()
         model.fit((args.data, args.x), (args.data, args.y))
@@ -116,7 +117,8 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
         report["make_data_s"] = round(time.perf_counter() - start, 2)
         model = KernelRidge(Gaussian(lengthscale=args.lengthscale), alpha=args.alpha,
                             solver="nystrom", n_centers=args.centers, tol=args.tol,
-                            backend=args.backend, random_state=0)
+                            backend=args.backend, random_state=0,
+                            verbose=not (args.quiet or args.json))
         start = time.perf_counter()
         model.fit((store, "X"), (store, "y"))
         report.update(fit_s=round(time.perf_counter() - start, 2), solver=model.solver_,

@@ -47,6 +47,7 @@ def test_demo_fits_predicts_and_reports(capsys, tmp_path):
     store = str(tmp_path / "demo.zarr")
     code, out, _ = run(capsys, "demo", "--n", "6000", "--n-test", "500", "--d", "3",
                        "--centers", "200", "--chunk-rows", "2000", "--alpha", "0.1",
+                       "--lengthscale", "1.0",
                        "--workers", "2", "--json", "--store", store)
     report = json.loads(out)
     assert code == 0 and report["solver"] == "nystrom" and report["centers"] == 200

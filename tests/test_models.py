@@ -250,3 +250,14 @@ def test_clone_and_cross_val_score():
 def test_sklearn_estimator_checks(estimator, check):
     with dask.config.set(scheduler="synchronous"):
         check(estimator)
+
+
+def test_verbose_shows_iteration_progress(capsys):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(400, 2))
+    y = np.sin(3 * X[:, 0])
+    for solver, label in (("nystrom", "dkern falkon"), ("cg", "dkern cg")):
+        KernelRidge(Gaussian(0.5), alpha=0.1, solver=solver, n_centers=50, verbose=True,
+                    random_state=0).fit(X, y)
+        err = capsys.readouterr().err
+        assert label in err and "residual=" in err

@@ -80,6 +80,9 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         How kernel blocks are computed.
     random_state : int, numpy Generator or RandomState, optional
         Seeds centre selection and the preconditioner's pivots.
+    verbose : bool, default=False
+        Show a progress bar of the CG / Falkon iterations (iteration, relative
+        residual, elapsed time).
 
     Attributes
     ----------
@@ -119,7 +122,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1.0, solver: str = "auto",
                  n_centers: int | None = None, centers: str = "uniform", tol: float = 1e-6,
                  max_iter: int | None = None, backend: str = "auto",
-                 random_state: Any = None) -> None:
+                 random_state: Any = None, verbose: bool = False) -> None:
         self.kernel = kernel
         self.alpha = alpha
         self.solver = solver
@@ -129,6 +132,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.max_iter = max_iter
         self.backend = backend
         self.random_state = random_state
+        self.verbose = verbose
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -237,7 +241,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         A = gram(self.kernel_, X, backend=self.backend) + alpha  # K + alpha I, lazy
         P = NystromPreconditioner(self.kernel_, X, alpha, min(n, CG_PRECONDITIONER_RANK),
                                   pivots="rpcholesky", random_state=as_generator(self.random_state))
-        result = cg(A, y, preconditioner=P, tol=tol, max_iter=self.max_iter)
+        result = cg(A, y, preconditioner=P, tol=tol, max_iter=self.max_iter,
+                    progress=bool(self.verbose))
         # The only n-vector that leaves the cluster: the fitted coefficients, once.
         self.dual_coef_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
                            else result.x)
@@ -249,7 +254,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
                            alpha=alpha, random_state=as_generator(self.random_state),
                            backend=self.backend)
         result = falkon(self.kernel_, X, y, C, alpha, tol=tol, max_iter=self.max_iter,
-                        backend=self.backend)
+                        backend=self.backend, progress=bool(self.verbose))
         beta = result.beta[:, 0] if y.ndim == 1 else result.beta
         self.dual_coef_, self.centers_ = np.ascontiguousarray(beta), np.ascontiguousarray(C)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals

@@ -177,3 +177,10 @@ def _report(k: int, rel: np.ndarray, active: np.ndarray,
         progress.set_postfix(residual=f"{rel.max():.2e}", active=int(active.sum()))
     logger.debug("CG iteration %d: max relative residual %.3e, %d of %d columns active",
                  k, rel.max(), active.sum(), active.size)
+
+
+def progress_bar(total: int, desc: str) -> Any:
+    """A tqdm bar for an iterative solve: iteration, largest relative residual, elapsed."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="it")

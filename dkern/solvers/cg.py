@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ConvergenceWarning
-from ._iteration import block_cg_loop
+from ._iteration import block_cg_loop, progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
         raise ValueError(f"tol must be a finite number > 0, e.g. 1e-6; got {tol!r}.")
     X0 = da.zeros_like(Bd) if x0 is None else _as_vectors(A, x0, "x0", like=Bd)[0]
     apply = preconditioner.apply if preconditioner is not None else (lambda R: R)
-    bar = _progress_bar(max_iter) if progress else None
+    bar = progress_bar(max_iter, "dkern cg") if progress else None
     try:
         out = block_cg_loop(A.matvec, apply, Bd, X0, x0_given=x0 is not None,
                             tol=float(tol), max_iter=max_iter, refresh_every=refresh,
@@ -175,12 +175,6 @@ def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
     return int(value)
-
-
-def _progress_bar(total: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="dkern cg", unit="it")
 
 
 def _warn_if_not_converged(converged: np.ndarray, last: np.ndarray, n_iter: int,

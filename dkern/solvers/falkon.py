@@ -19,7 +19,7 @@ import scipy.linalg as sla
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.nystrom import NystromOperator
-from ._iteration import block_cg_loop
+from ._iteration import block_cg_loop, progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class NystromResult:
 
 def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: float = 1e-6,
            max_iter: int | None = None, backend: str = "auto",
-           callback: Callable[[int, np.ndarray], None] | None = None) -> NystromResult:
+           callback: Callable[[int, np.ndarray], None] | None = None,
+           progress: bool = False) -> NystromResult:
     """Nyström kernel ridge regression with Falkon's preconditioner.
 
     .. math:: (K_{nm}^\\top K_{nm} + \\alpha K_{mm})\\, \\beta = K_{nm}^\\top y
@@ -77,6 +78,8 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     backend : {"auto", "numpy", "keops"}, default="auto"
     callback : callable, optional
         ``callback(iteration, relative_residuals)``.
+    progress : bool, default=False
+        Show a tqdm bar with the iteration, the largest relative residual and the time.
 
     Returns
     -------
@@ -108,9 +111,15 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         return precondition_t(normal + alpha * (T.T @ (T @ b)))
 
     rhs = precondition_t(Kty)
-    out = block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
-                        tol=float(tol), max_iter=int(max_iter or DEFAULT_MAX_ITER),
-                        refresh_every=50, callback=callback)
+    max_iter = int(max_iter or DEFAULT_MAX_ITER)
+    bar = progress_bar(max_iter, "dkern falkon") if progress else None
+    try:
+        out = block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
+                            tol=float(tol), max_iter=max_iter, refresh_every=50,
+                            callback=callback, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     if not out.converged.all():
         warnings.warn(f"falkon stopped after {out.n_iter} iterations above tol={tol:g} "
                       f"(largest relative residual {out.residuals[-1].max():.2e}). Raise max_iter, "
