@@ -44,3 +44,27 @@ def test_auto_falls_back_to_numpy_when_gpu_keops_is_broken(monkeypatch, caplog):
 def test_auto_on_a_cpu_machine_is_numpy(monkeypatch):
     monkeypatch.setattr(select, "gpu_visible", lambda: False)
     assert resolve_backend("auto") == "numpy"
+
+
+def _lock_is_free() -> bool:
+    """Whether another process could take dkern's KeOps compile lock right now."""
+    import subprocess
+    import sys
+
+    from dkern.backends.keops_backend import LOCK_FILE
+
+    probe = ("import fcntl, sys; f = open(sys.argv[1], 'a')\n"
+             "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except OSError: sys.exit(1)")
+    return subprocess.run([sys.executable, "-c", probe, LOCK_FILE]).returncode == 0
+
+
+def test_first_keops_call_of_a_formula_holds_the_machine_wide_lock():
+    from dkern.backends.keops_backend import _first_call_locked
+
+    key = ("test-formula", 3, 1, "<f8")
+    with _first_call_locked(key):
+        assert not _lock_is_free()  # first call: other processes wait for the compile
+    assert _lock_is_free()
+    with _first_call_locked(key):
+        assert _lock_is_free()  # compiled here already: no lock, no serialisation

@@ -200,3 +200,26 @@ def test_threaded_scheduler_gives_same_result():
     with dask.config.set(scheduler="threads"):
         got = (op @ v).compute()
     assert rel_err(got, KERNEL(X, Z) @ v) < 1e-12
+
+
+def _use_build_folder(folder):
+    import pykeops
+
+    pykeops.set_build_folder(folder)
+
+
+@pytest.mark.keops
+@pytest.mark.distributed
+def test_two_workers_compiling_one_new_formula_at_once(tmp_path):
+    """KeOps corrupts its cache when two processes compile one formula together; dkern locks."""
+    from distributed import Client, LocalCluster
+
+    folder = str(tmp_path / "keops-build")  # empty: both workers must compile
+    V = RNG.normal(size=(M, 1))
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.run(_use_build_folder, folder)
+        op = dkern.gram(KERNEL, da.from_array(X, chunks=(130, -1)), Z, backend="keops")
+        got = client.compute(op @ V).result()
+        assert len(client.nthreads()) == 2
+    assert rel_err(got, KERNEL(X, Z) @ V) < 1e-12
