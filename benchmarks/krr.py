@@ -43,6 +43,14 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
+def process_peaks(client) -> str:
+    """Peak RSS of this process (client and scheduler) and of every worker, as text."""
+    peaks = {"client + scheduler": peak_rss_gb()}
+    peaks.update({f"worker {a.rsplit(':', 1)[-1]}": gb
+                  for a, gb in client.run(peak_rss_gb).items()})
+    return ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items())
+
+
 def rmse(pred, truth) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred) - np.asarray(truth)) ** 2)))
 
@@ -76,10 +84,7 @@ def part_million(args) -> str:
                          "yes" if fit_s <= 60 else "**no**"])
             if args.quick:
                 break
-        peaks = {"client + scheduler": peak_rss_gb()}
-        peaks.update({f"worker {a.rsplit(':', 1)[-1]}": gb
-                      for a, gb in client.run(peak_rss_gb).items()})
-    mem = ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items())
+        mem = process_peaks(client)
     return (f"### n = {n:,}, d = 8, M = {M:,} Nyström from Zarr, LocalCluster(2 workers)\n\n"
             + markdown_table(["tol", "iterations", "fit (s)", "test RMSE", "fit ≤ 60 s"], rows)
             + f"\n\nPeak RSS per process (target ≤ 2 GB): {mem}.")
@@ -205,10 +210,7 @@ def part_cg_100k(args) -> str:
             model.fit((url, "X"), (url, "y"))
         fit_s = time.perf_counter() - start
         err = rmse(model.predict((url, "X_test")).compute(), load(url, "y_test")[0])
-        peaks = {"client + scheduler": peak_rss_gb()}
-        peaks.update({f"worker {a.rsplit(':', 1)[-1]}": gb
-                      for a, gb in client.run(peak_rss_gb).items()})
-    mem = ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items())
+        mem = process_peaks(client)
     return (f"### n = {n:,} exact KRR by preconditioned CG (dense K: 80 GB), LocalCluster(2)\n\n"
             + markdown_table(["iterations", "converged", "final rel. residual", "fit (s)",
                               "test RMSE"],
