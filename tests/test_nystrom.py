@@ -1,5 +1,7 @@
 """Falkon, centre selection, the normal-matvec blocks and the exact solver vs dense references."""
 
+import dask
+import dask.array as da
 import numpy as np
 import pytest
 import scipy.linalg as sla
@@ -109,3 +111,26 @@ def test_falkon_bad_inputs():
         falkon(Gaussian(1.0), X, Y, X[:10], 0.0)
     with pytest.raises(ValueError, match="centers must have shape"):
         falkon(Gaussian(1.0), X, Y, X[:10, :1], 1.0)
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 2**30])
+def test_falkon_with_and_without_cached_knm_agree(cache_bytes, monkeypatch):
+    """Caching K_nm on the workers changes the cost of a pass, not the answer."""
+    from dkern.operators import nystrom
+
+    calls = []
+    real = nystrom.NystromOperator.cache_blocks
+    monkeypatch.setattr(nystrom.NystromOperator, "cache_blocks",
+                        lambda self, max_bytes: calls.append(real(self, max_bytes)) or calls[-1])
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-1, 1, size=(1200, 3))
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.normal(size=1200)
+    C = X[rng.choice(1200, 80, replace=False)]
+    kernel = Gaussian(0.7)
+    with dask.config.set(scheduler="synchronous"):
+        res = falkon(kernel, da.from_array(X, chunks=(300, -1)), y, C, 1e-2, tol=1e-10,
+                     cache_bytes=cache_bytes)
+    Knm = kernel(X, C)
+    want = np.linalg.solve(Knm.T @ Knm + 1e-2 * kernel(C, C), Knm.T @ y)
+    assert calls == [cache_bytes > 0]
+    assert np.abs(res.beta[:, 0] - want).max() / np.abs(want).max() < 1e-6

@@ -8,19 +8,23 @@ the centres ``C`` (M × d) and the small vectors as numpy arguments:
 * ``K_nmᵀ Y``: the same with the right-hand sides chunked like X's rows;
 * ``K_nm β``: row-chunked and lazy, for predictions.
 
-Only M-sized results ever leave the cluster.
+Only M-sized results ever leave the cluster. When ``K_nm`` is small enough
+(``cache_blocks``), its row blocks are computed once and persisted on the
+workers, and each product becomes two BLAS matrix-vector passes over them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
 from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
 from ..backends.normal import normal_matvec_block_keops, normal_matvec_block_numpy
+from ..backends.numpy_backend import single_threaded_blas
 from ..io import as_rows
 from ..kernels import Kernel
 from .base import data_rows
@@ -39,6 +43,18 @@ def transpose_block(x: np.ndarray, y: np.ndarray, *, kernel: Kernel, C: np.ndarr
     """One task: ``K(C, x) y`` as a (1, M, t) float64 partial sum."""
     block = matvec_block_keops if backend == "keops" else matvec_block_numpy
     return block(kernel, C, x, y)[None]
+
+
+def kernel_block(x: np.ndarray, *, kernel: Kernel, C: np.ndarray) -> np.ndarray:
+    """One task: the kernel block ``K(x, C)``; shape (n_i, M), x's dtype."""
+    with single_threaded_blas():
+        return kernel(x, C)
+
+
+def cached_normal_block(K: np.ndarray, *, v: np.ndarray) -> np.ndarray:
+    """One task: ``Kᵀ (K v)`` from a cached block K of shape (n_i, M); shape (1, M, t)."""
+    with single_threaded_blas():
+        return (K.T @ (K @ v.astype(K.dtype, copy=False))).astype(np.float64)[None]
 
 
 def forward_block(x: np.ndarray, *, kernel: Kernel, C: np.ndarray, beta: np.ndarray,
@@ -75,6 +91,24 @@ class NystromOperator:
             raise ValueError("centers contain NaN or infinity; pick centres among finite rows.")
         self.C = C
         self.shape = (self.X.shape[0], C.shape[0])
+        self.blocks: da.Array | None = None
+
+    def cache_blocks(self, max_bytes: int) -> bool:
+        """Compute ``K_nm`` once and persist its row blocks if it takes <= ``max_bytes``.
+
+        Later products then read the cached blocks instead of re-evaluating the
+        kernel (the Falkon iteration becomes memory-bound BLAS). Returns whether
+        it cached; the memory used is ``n · M · itemsize`` over the workers.
+        """
+        nbytes = self.shape[0] * self.shape[1] * self.X.dtype.itemsize
+        if nbytes > max_bytes:
+            return False
+        token = tokenize(self.kernel, self.X.name, self.C)
+        (self.blocks,) = dask.persist(da.map_blocks(
+            kernel_block, self.X, chunks=(self.X.chunks[0], (self.shape[1],)),
+            dtype=self.X.dtype, meta=np.empty((0, 0), self.X.dtype),
+            name=f"dkern-knm-blocks-{token}", kernel=self.kernel, C=self.C))
+        return True
 
     def normal_matvec(self, v: np.ndarray) -> da.Array:
         """``K_nmᵀ (K_nm v)`` for v of shape (M, t), lazily; shape (M, t), float64.
@@ -83,6 +117,12 @@ class NystromOperator:
         """
         v = np.asarray(v, dtype=np.float64).reshape(self.shape[1], -1)
         token = tokenize(self.kernel, self.X.name, self.C, v, self.backend)
+        chunks = ((1,) * self.X.numblocks[0], (self.shape[1],), (v.shape[1],))
+        if self.blocks is not None:
+            parts = da.map_blocks(cached_normal_block, self.blocks, chunks=chunks, new_axis=2,
+                                  dtype=np.float64, meta=np.empty((0, 0, 0)),
+                                  name=f"dkern-knm-normal-cached-{token}", v=v)
+            return parts.sum(axis=0, split_every=8, dtype=np.float64)
         parts = da.map_blocks(
             normal_block, self.X,
             chunks=((1,) * self.X.numblocks[0], (self.shape[1],), (v.shape[1],)),

@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 JITTERS = (1e-10, 1e-8, 1e-6)
 #: Falkon usually converges in tens of iterations; more means a badly conditioned problem.
 DEFAULT_MAX_ITER = 200
+#: K_nm up to this size (over all workers) is computed once and kept on the cluster, so each
+#: iteration reads it instead of re-evaluating the kernel (n = 200,000, M = 1,000 in float64
+#: is 1.6 GB; n = 1,000,000, M = 2,000 would be 16 GB and is recomputed per pass).
+KNM_CACHE_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class NystromResult:
 def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: float = 1e-6,
            max_iter: int | None = None, backend: str = "auto",
            callback: Callable[[int, np.ndarray], None] | None = None,
-           progress: bool = False) -> NystromResult:
+           progress: bool = False, cache_bytes: int = KNM_CACHE_BYTES) -> NystromResult:
     """Nyström kernel ridge regression with Falkon's preconditioner.
 
     .. math:: (K_{nm}^\\top K_{nm} + \\alpha K_{mm})\\, \\beta = K_{nm}^\\top y
@@ -80,6 +84,9 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         ``callback(iteration, relative_residuals)``.
     progress : bool, default=False
         Show a tqdm bar with the iteration, the largest relative residual and the time.
+    cache_bytes : int, default=KNM_CACHE_BYTES (2 GiB)
+        Keep ``K_nm`` on the workers when it takes at most this much memory (summed
+        over workers); 0 recomputes the kernel in every pass.
 
     Returns
     -------
@@ -95,6 +102,8 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     if max_iter is not None and (isinstance(max_iter, bool) or int(max_iter) != max_iter
                                  or max_iter < 1):
         raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}.")
+    if op.cache_blocks(cache_bytes):
+        logger.info("falkon: K_nm (%d x %d) cached on the workers", *op.shape)
     T, A = falkon_factors(kernel(op.C, op.C).astype(np.float64), alpha, n)
     (Kty,) = dask.compute(op.rmatvec(y))  # shape: (M, t)
 
