@@ -53,7 +53,7 @@ def main() -> None:
         start = time.perf_counter()
         dkern.io.write_array(op @ v, store, "Kv")
         seconds = time.perf_counter() - start
-        peaks = {"client": peak_rss_gb(), "scheduler": client.run_on_scheduler(peak_rss_gb)}
+        peaks = {"client (and the in-process scheduler)": peak_rss_gb()}
         peaks.update({f"worker {addr.rsplit(':', 1)[-1]}": gb
                       for addr, gb in client.run(peak_rss_gb).items()})
         Kv = dkern.io.open_array(store, "Kv")[:5].compute()

@@ -55,9 +55,9 @@ def rmse(pred, truth) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred) - np.asarray(truth)) ** 2)))
 
 
-def store_with(n: int, n_test: int, chunk_rows: int) -> str:
+def store_with(n: int, n_test: int, chunk_rows: int, dtype=np.float64) -> str:
     url = os.path.join(tempfile.mkdtemp(prefix="dkern-krr-"), "krr.zarr")
-    make_regression_store(url, n, D, chunk_rows=chunk_rows, n_test=n_test, seed=0)
+    make_regression_store(url, n, D, chunk_rows=chunk_rows, n_test=n_test, seed=0, dtype=dtype)
     return url
 
 
@@ -69,7 +69,7 @@ def part_million(args) -> str:
     """n = 1,000,000, M = 2,000 Nyström from a Zarr store on a LocalCluster of 2 workers."""
     n, M = args.million_n, 2_000
     with dkern.connect(n_workers=2, threads_per_worker=1) as client:
-        url = store_with(n, 20_000, 100_000)
+        url = store_with(n, 20_000, 100_000, np.dtype(args.dtype))
         rows = []
         for tol in (1e-3, 1e-6):
             model = dkern.KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="nystrom",
@@ -85,7 +85,8 @@ def part_million(args) -> str:
             if args.quick:
                 break
         mem = process_peaks(client)
-    return (f"### n = {n:,}, d = 8, M = {M:,} Nyström from Zarr, LocalCluster(2 workers)\n\n"
+    return (f"### n = {n:,}, d = 8, M = {M:,} Nyström from a {args.dtype} Zarr store, "
+            f"LocalCluster(2 workers)\n\n"
             + markdown_table(["tol", "iterations", "fit (s)", "test RMSE", "fit ≤ 60 s"], rows)
             + f"\n\nPeak RSS per process (target ≤ 2 GB): {mem}.")
 
@@ -230,6 +231,8 @@ def main() -> None:
     parser.add_argument("--million-n", type=int, default=1_000_000)
     parser.add_argument("--max-iter", type=int, default=500)
     parser.add_argument("--quick", action="store_true", help="one tolerance only")
+    parser.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                        help="dtype of the 1M-row store")
     args = parser.parse_args()
     for name in args.only:
         body = PARTS[name](args)

@@ -134,3 +134,18 @@ def test_falkon_with_and_without_cached_knm_agree(cache_bytes, monkeypatch):
     want = np.linalg.solve(Knm.T @ Knm + 1e-2 * kernel(C, C), Knm.T @ y)
     assert calls == [cache_bytes > 0]
     assert np.abs(res.beta[:, 0] - want).max() / np.abs(want).max() < 1e-6
+
+
+def test_falkon_on_float32_data_factors_kmm_in_float64():
+    """Wide lengthscale, 8 features: K_mm is too ill-conditioned for a float32 Cholesky."""
+    rng = np.random.default_rng(6)
+    X = rng.uniform(-1, 1, size=(3000, 8))
+    y = np.sin(3 * X[:, 0])
+    C = X[rng.choice(3000, 400, replace=False)]
+    kernel = Gaussian(3.0)
+    with dask.config.set(scheduler="synchronous"):
+        r64 = falkon(kernel, X, y, C, 1e-3, tol=1e-3, max_iter=100)
+        r32 = falkon(kernel, X.astype(np.float32), y, C.astype(np.float32), 1e-3, tol=1e-3,
+                     max_iter=100)
+    f64, f32 = kernel(X, C) @ r64.beta[:, 0], kernel(X, C) @ r32.beta[:, 0]
+    assert np.sqrt(np.mean((f32 - f64) ** 2)) < 1e-2 * np.std(y)

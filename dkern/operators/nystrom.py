@@ -75,14 +75,17 @@ class NystromOperator:
     centers : ndarray of shape (M, d)
         Held by the client and shipped inside each task (M is small).
     backend : {"auto", "numpy", "keops"}, default="auto"
+    dtype : {None, numpy.float32, numpy.float64}
+        Compute dtype; by default float32 data stays float32, anything else is float64.
     """
 
-    def __init__(self, kernel: Kernel, X: Any, centers: Any, backend: str = "auto") -> None:
+    def __init__(self, kernel: Kernel, X: Any, centers: Any, backend: str = "auto",
+                 dtype: Any = None) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0); "
                             f"got {type(kernel).__name__}.")
         self.kernel, self.backend = kernel, resolve_backend(backend)
-        self.X = data_rows(X)
+        self.X = data_rows(X, dtype=dtype)
         C = np.asarray(centers, dtype=self.X.dtype)
         if C.ndim != 2 or C.shape[1] != self.X.shape[1] or len(C) == 0:
             raise ValueError(f"centers must have shape (M, {self.X.shape[1]}) with M >= 1 to "
