@@ -65,7 +65,8 @@ class Stationary(Kernel):
         hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)[:, None]
         hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)[:, None]
         G = np.hstack([Xs, -hx, ones_x]) @ np.hstack([Zs, ones_z, -hz]).T
-        np.minimum(G, 0.0, out=G)  # rounding can give tiny positive values
+        # Rounding can leave values of order eps·h above 0. Clamping would cost a pass over
+        # the tile: exp takes them to 1 + O(eps), and exact_near recomputes them exactly.
         if exact_near and G.size:
             rows, cols = np.nonzero(G > -NEAR * (hx.max() + hz.max()))
             G[rows, cols] = -0.5 * np.square(Xs[rows] - Zs[cols]).sum(axis=1)
