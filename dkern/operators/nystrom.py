@@ -101,10 +101,14 @@ class NystromOperator:
 
         Later products then read the cached blocks instead of re-evaluating the
         kernel (the Falkon iteration becomes memory-bound BLAS). Returns whether
-        it cached; the memory used is ``n · M · itemsize`` over the workers.
+        it cached; the memory used is ``n · M · itemsize`` over the workers. When
+        ``K_nm`` is too large but X fits, X is persisted instead, so passes stop
+        re-reading (and re-verifying) it from its store.
         """
         nbytes = self.shape[0] * self.shape[1] * self.X.dtype.itemsize
         if nbytes > max_bytes:
+            if self.X.nbytes <= max_bytes:
+                (self.X,) = dask.persist(self.X)
             return False
         token = tokenize(self.kernel, self.X.name, self.C)
         (self.blocks,) = dask.persist(da.map_blocks(
