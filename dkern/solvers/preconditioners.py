@@ -104,9 +104,8 @@ class NystromPreconditioner:
             G, W = _uniform_factor(kernel, Xd, int(rank), rng)
         else:
             G, W = _rpcholesky_factor(kernel, Xd, int(rank), rng, block_size)
-        self.factor, self.alpha = G, float(alpha)
-        self.core = _woodbury_core(G, W, self.alpha)
-        self.rank = self.core.shape[0]
+        self.alpha = float(alpha)
+        self.factor, self.core, self.rank = _woodbury(G, W, self.alpha)
         logger.info("Nyström preconditioner: %s pivots, rank %d", pivots, self.rank)
 
     def apply(self, R: da.Array) -> da.Array:
@@ -168,14 +167,21 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     return F, np.eye(F.shape[1])
 
 
-def _woodbury_core(G: da.Array, W: np.ndarray, alpha: float) -> np.ndarray:
-    """The r × r matrix C of ``P⁻¹ = I + G C Gᵀ`` (FTU 2023, eq. 5.3 with F = G W)."""
-    (GtG,) = dask.compute(da.dot(G.T, G))
-    FtF = W.T @ GtG @ W
-    lam, V = np.linalg.eigh((FtF + FtF.T) / 2)  # F = U Λ^{1/2} Vᵀ, so FᵀF = V Λ Vᵀ
+def _woodbury(G: da.Array, W: np.ndarray, alpha: float) -> tuple[da.Array, np.ndarray, int]:
+    """Q (n, k; persisted, orthonormal), C (k, k) with ``P⁻¹ = I + Q C Qᵀ`` (FTU eq. 5.3),
+    and the rank kept.
+
+    F = G W is orthonormalised by a tall-skinny QR on the cluster, F = Q R, and
+    ``F Fᵀ = Q (R Rᵀ) Qᵀ = (Q V) Λ (Q V)ᵀ``: U = Q V is orthonormal to working
+    precision. (Forming U = F V Λ^{-1/2} instead is not: with eigenvalues spanning
+    n/alpha ~ 1e7, P⁻¹ came out indefinite and CG diverged.)
+    """
+    F = da.dot(G, da.from_array(W)).rechunk({1: -1})
+    Q, R = da.linalg.tsqr(F)
+    Q, R = dask.persist(Q, R)
+    R = np.asarray(R.compute() if isinstance(R, da.Array) else R)
+    lam, V = np.linalg.eigh(R @ R.T)  # F Fᵀ = Q V Λ Vᵀ Qᵀ
     keep = lam > EIG_CUTOFF * max(lam.max(), 0.0)
     lam, V = lam[keep], V[:, keep]
-    to_u = W @ V / np.sqrt(lam)  # U = G (W V Λ^{-1/2})
-    shrink = (lam.min() + alpha) / (lam + alpha) - 1.0  # in (-1, 0]: P⁻¹'s eigenvalues on U
-    return (to_u * shrink) @ to_u.T
-
+    shrink = (lam.min() + alpha) / (lam + alpha) - 1.0 if keep.any() else lam
+    return Q, (V * shrink) @ V.T, int(keep.sum())  # shrink in (-1, 0]: P⁻¹ on U
