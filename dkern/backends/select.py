@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import DkernError
+from ..kernels import fastexp
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ def gpu_visible() -> bool:
 def backend_statuses() -> list[BackendStatus]:
     """The status of every concrete backend (for ``dkern info``)."""
     blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {}).get("name", "BLAS")
-    return [BackendStatus("numpy", True, f"numpy {np.__version__} with {blas}"), keops_status()]
+    return [BackendStatus("numpy", True, f"numpy {np.__version__} with {blas}; float64 exp: "
+                          f"{fastexp.status()}"), keops_status()]
 
 
 def resolve_backend(backend: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fastexp
 from .base import Array, Kernel, as_pair, check_integer
 
 
@@ -138,7 +139,7 @@ class Exp(Kernel):
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
-        return np.exp(K, out=K)
+        return fastexp.exp(K, out=K)
 
     def diag(self, X: Array) -> Array:
         return np.exp(self.kernel.diag(X))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fastexp
 from .base import Array, Kernel, as_pair, check_positive_params
 
 _MATERN_NUS = (0.5, 1.5, 2.5)
@@ -96,7 +97,7 @@ class Gaussian(Stationary):
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
         K = self.half_neg_sqdist(X, Z)
-        return np.exp(K, out=K)
+        return fastexp.exp(K, out=K)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return (-0.5 * self._keops_sqdist(X, Z)).exp()
@@ -118,7 +119,7 @@ class Laplacian(Stationary):
         X, Z = as_pair(X, Z)
         R = _distance(self.half_neg_sqdist(X, Z, exact_near=True))
         np.negative(R, out=R)
-        return np.exp(R, out=R)
+        return fastexp.exp(R, out=R)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return (-self._keops_sqdist(X, Z).sqrt()).exp()
@@ -152,12 +153,12 @@ class Matern(Stationary):
         R = _distance(self.half_neg_sqdist(X, Z, exact_near=True))
         if self.nu == 0.5:
             np.negative(R, out=R)
-            return np.exp(R, out=R)
+            return fastexp.exp(R, out=R)
         a = np.sqrt(3.0) if self.nu == 1.5 else np.sqrt(5.0)
         R *= a  # R now holds a·r
         poly = 1.0 + R if self.nu == 1.5 else 1.0 + R + R * R / 3.0
         np.negative(R, out=R)
-        np.exp(R, out=R)
+        fastexp.exp(R, out=R)
         return np.multiply(poly, R, out=R)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
