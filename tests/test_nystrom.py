@@ -149,3 +149,46 @@ def test_falkon_on_float32_data_factors_kmm_in_float64():
                      max_iter=100)
     f64, f32 = kernel(X, C) @ r64.beta[:, 0], kernel(X, C) @ r32.beta[:, 0]
     assert np.sqrt(np.mean((f32 - f64) ** 2)) < 1e-2 * np.std(y)
+
+
+def test_sketched_preconditioner_needs_far_fewer_iterations_for_the_same_fit():
+    """Falkon's centres-only preconditioner vs the default sample of s = 10 M rows.
+
+    Both solve the same system; the fitted values agree to the solve tolerance. Measured
+    (n = 20,000, d = 8, M = 300, α = 1e-3): 86 iterations with the centres, 15 with the sample.
+    """
+    rng = np.random.default_rng(0)
+    Xs = rng.uniform(-1, 1, (20_000, 8))
+    ys = np.sin(3 * Xs[:, 0]) + 0.5 * np.cos(Xs.sum(axis=1)) + 0.1 * rng.normal(size=20_000)
+    C = Xs[rng.choice(20_000, 300, replace=False)]
+    kernel = Gaussian(3.0)
+    runs = {s: falkon(kernel, Xs, ys, C, 1e-3, tol=1e-6, max_iter=300, sketch_rows=s,
+                      random_state=0, backend="numpy") for s in (0, None)}
+    assert all(r.converged.all() for r in runs.values())
+    assert runs[None].n_iter * 3 <= runs[0].n_iter
+    fits = {s: kernel(Xs[:2000], C) @ r.beta[:, 0] for s, r in runs.items()}
+    assert np.linalg.norm(fits[None] - fits[0]) / np.linalg.norm(fits[0]) < 1e-5
+
+
+def test_sketch_size_default_and_cap():
+    from dkern.solvers.falkon import sketch_size
+
+    assert sketch_size(20_000, 300) == 3_000  # 10 rows per centre
+    assert sketch_size(1_000_000, 2_000) == 20_000
+    assert sketch_size(1_000_000, 20_000) == 2_500  # capped near one iteration's cost
+    assert sketch_size(500, 100) == 250  # capped at 50 n / M
+
+
+def test_duplicate_centres_get_jitter_with_a_warning_then_a_clear_error():
+    from dkern.solvers.falkon import _cholesky_with_jitter
+
+    C = np.repeat(X[:20], 2, axis=0)  # every centre twice: K_mm is exactly singular
+    with pytest.warns(UserWarning, match="jitter"):
+        res = falkon(Gaussian(1.0), X, Y, C, 1e-2, tol=1e-8, backend="numpy")
+    assert res.converged.all()
+    # the fit equals the one on the 20 distinct centres (the duplicates split their weight)
+    ref = falkon(Gaussian(1.0), X, Y, X[:20], 1e-2, tol=1e-10, backend="numpy")
+    fit, want = Gaussian(1.0)(X, C) @ res.beta[:, 0], Gaussian(1.0)(X, X[:20]) @ ref.beta[:, 0]
+    assert np.linalg.norm(fit - want) / np.linalg.norm(want) < 1e-4
+    with pytest.raises(NotPositiveDefiniteError, match="not positive definite even with jitter"):
+        _cholesky_with_jitter(-np.eye(5))

@@ -250,11 +250,11 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.converged_ = bool(result.converged.all())
 
     def _fit_nystrom(self, X: Any, y: Any, alpha: float, tol: float) -> None:
+        rng = as_generator(self.random_state)  # one stream: centres, then the sketch rows
         C = select_centers(X, self.n_centers, method=self.centers, kernel=self.kernel_,
-                           alpha=alpha, random_state=as_generator(self.random_state),
-                           backend=self.backend)
+                           alpha=alpha, random_state=rng, backend=self.backend)
         result = falkon(self.kernel_, X, y, C, alpha, tol=tol, max_iter=self.max_iter,
-                        backend=self.backend, progress=bool(self.verbose))
+                        backend=self.backend, progress=bool(self.verbose), random_state=rng)
         beta = result.beta[:, 0] if y.ndim == 1 else result.beta
         self.dual_coef_, self.centers_ = np.ascontiguousarray(beta), np.ascontiguousarray(C)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals

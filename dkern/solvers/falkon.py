@@ -2,6 +2,14 @@
 
 The M-dimensional system lives on the client; each CG iteration is one pass
 over X's row chunks computing ``K_nmᵀ K_nm v`` (:mod:`dkern.operators.nystrom`).
+
+The preconditioner is Falkon's (Rudi, Carratino & Rosasco 2017) with one change:
+Falkon approximates ``K_nmᵀ K_nm`` by ``(n / M) K_mm²``, i.e. it uses the centres
+as a sample of the data; dkern estimates it from a larger uniform sample of s
+rows, ``(n / s) K_smᵀ K_sm`` (sketch-and-precondition: Rokhlin & Tygert 2008;
+Avron, Clarkson & Woodruff 2017 for kernel ridge regression). Measured on the
+synthetic store, n = 200,000, M = 2,000, α = 1e-3: 13 iterations to tol = 1e-6
+with s = 20,000, against 30 iterations reaching only 3e-4 with the centres.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.nystrom import NystromOperator
 from ._iteration import block_cg_loop, progress_bar
+from .sampling import gather_rows
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +40,13 @@ DEFAULT_MAX_ITER = 200
 #: iteration reads it instead of re-evaluating the kernel (n = 200,000, M = 1,000 in float64
 #: is 1.6 GB; n = 1,000,000, M = 2,000 would be 16 GB and is recomputed per pass).
 KNM_CACHE_BYTES = 2 * 2**30
+#: Rows of the preconditioner's sample per centre (see ``sketch_size``).
+SKETCH_PER_CENTER = 10
+#: The sample's cost, 2 s M² flops, is kept to about that of this many kernel values per data
+#: row and centre, i.e. of roughly one CG iteration: ``s <= SKETCH_COST · n / M``.
+SKETCH_COST = 50
+#: Rows of the sample whose kernel block is formed at once (block memory: rows × M values).
+SKETCH_BLOCK_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,8 @@ class NystromResult:
 def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: float = 1e-6,
            max_iter: int | None = None, backend: str = "auto",
            callback: Callable[[int, np.ndarray], None] | None = None,
-           progress: bool = False, cache_bytes: int = KNM_CACHE_BYTES) -> NystromResult:
+           progress: bool = False, cache_bytes: int = KNM_CACHE_BYTES,
+           sketch_rows: int | None = None, random_state: Any = None) -> NystromResult:
     """Nyström kernel ridge regression with Falkon's preconditioner.
 
     .. math:: (K_{nm}^\\top K_{nm} + \\alpha K_{mm})\\, \\beta = K_{nm}^\\top y
@@ -87,6 +104,12 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     cache_bytes : int, default=KNM_CACHE_BYTES (2 GiB)
         Keep ``K_nm`` on the workers when it takes at most this much memory (summed
         over workers); 0 recomputes the kernel in every pass.
+    sketch_rows : int, optional
+        Size s of the uniform row sample the preconditioner estimates ``K_nmᵀ K_nm``
+        from; default :func:`sketch_size`. ``s <= M`` uses the centres themselves
+        (Falkon's original preconditioner).
+    random_state : int or numpy.random.Generator, optional
+        Draws the preconditioner's sample.
 
     Returns
     -------
@@ -106,7 +129,12 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}.")
     if op.cache_blocks(cache_bytes):
         logger.info("falkon: K_nm (%d x %d) cached on the workers", *op.shape)
-    T, A = falkon_factors(kernel(op.C, op.C), alpha, n)
+    s = sketch_size(n, M) if sketch_rows is None else int(sketch_rows)
+    sample = None
+    if s > M:
+        rng = np.random.default_rng(random_state)
+        sample = gather_rows(op.X, np.sort(rng.choice(n, size=min(s, n), replace=False)))
+    T, A = falkon_factors(kernel, op.C, alpha, n, sample)
     (Kty,) = dask.compute(op.rmatvec(y))  # shape: (M, t)
 
     def precondition(v: np.ndarray) -> np.ndarray:  # β = B v with B = T⁻¹ A⁻¹ / √n
@@ -140,8 +168,19 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     return NystromResult(beta, out.n_iter, out.residuals, out.converged)
 
 
-def falkon_factors(Kmm: np.ndarray, alpha: float, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Upper-triangular T, A of Falkon's preconditioner ``B = T⁻¹ A⁻¹ / √n``.
+def sketch_size(n: int, M: int) -> int:
+    """Default sample size of the preconditioner: ``min(n, 10 M, 50 n / M)``.
+
+    Ten rows per centre estimate ``K_nmᵀ K_nm`` well at the ridge penalties that
+    make M centres worth having; the cap keeps the sample's ``2 s M²`` flops near
+    the cost of one CG iteration (``n M`` kernel values).
+    """
+    return int(min(n, SKETCH_PER_CENTER * M, SKETCH_COST * n // max(M, 1)))
+
+
+def falkon_factors(kernel: Kernel, C: np.ndarray, alpha: float, n: int,
+                   sample: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Upper-triangular T, A of the preconditioner ``B = T⁻¹ A⁻¹ / √n``.
 
     Rudi, Carratino & Rosasco (2017), Falkon, Eq. 9 and the "Preconditioning"
     paragraph: with ``λ`` their penalty and ``K_nmᵀ K_nm ≈ (n / M) K_mm²``,
@@ -150,20 +189,37 @@ def falkon_factors(Kmm: np.ndarray, alpha: float, n: int) -> tuple[np.ndarray, n
     so ``λ = alpha / n``: ``(B Bᵀ)⁻¹ = n Tᵀ (T Tᵀ / M + alpha / n · I) T
     = (n / M) K_mm² + alpha K_mm``.
 
+    With a ``sample`` S of s rows, ``T Tᵀ / M`` becomes ``Wᵀ W / s`` with
+    ``W = K_sm T⁻¹``, so that ``(B Bᵀ)⁻¹ = (n / s) K_smᵀ K_sm + alpha K_mm``: the
+    same form, with ``K_nmᵀ K_nm`` estimated from s rows instead of the M centres.
+
     Parameters
     ----------
-    Kmm : ndarray of shape (M, M)
+    kernel : Kernel
+    C : ndarray of shape (M, d)
+        The centres.
     alpha : float
     n : int
         Number of training points.
+    sample : ndarray of shape (s, d), optional
+        Uniformly drawn rows of X; None uses the centres.
 
     Returns
     -------
     T, A : ndarrays of shape (M, M), upper triangular
     """
-    M = Kmm.shape[0]
-    T = _cholesky_with_jitter(Kmm)
-    A = sla.cholesky(T @ T.T / M + (alpha / n) * np.eye(M), lower=False)
+    M = len(C)
+    T = _cholesky_with_jitter(kernel(C, C))
+    if sample is None:
+        G = T @ T.T / M
+    else:  # G = Wᵀ W / s, W = K_sm T⁻¹, accumulated over blocks of the sample's rows
+        G = np.zeros((M, M))
+        for i0 in range(0, len(sample), SKETCH_BLOCK_ROWS):
+            Wt = sla.solve_triangular(T, kernel(sample[i0:i0 + SKETCH_BLOCK_ROWS], C).T,
+                                      trans="T", check_finite=False)  # shape: (M, rows)
+            G += Wt @ Wt.T
+        G /= len(sample)
+    A = sla.cholesky(G + (alpha / n) * np.eye(M), lower=False)
     return T, A
 
 
