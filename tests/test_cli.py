@@ -15,14 +15,97 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_info_reports_backends_with_a_real_keops_check(capsys):
-    code, out, _ = run(capsys, "info", "--json")
-    report = json.loads(out)
+@pytest.fixture
+def keops_recheck():
+    """Forget the per-process cached KeOps check before and after the test, so `dkern info`
+    really runs it (and later tests re-check under their own settings)."""
+    from dkern.backends.select import keops_status
+
+    keops_status.cache_clear()
+    yield
+    keops_status.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def fresh_info(tmp_path_factory):
+    """`dkern info --json` with its KeOps check compiling into an empty KeOps cache folder
+    (measured ~9 s on this 2-core machine); returns (exit code, report, files built)."""
+    import contextlib
+    import io
+
+    from dkern.backends.select import gpu_visible, keops_status
+
+    gpu_visible()  # imports pykeops here first: this process keeps its own KeOps cache folder
+    cache = tmp_path_factory.mktemp("keops-cache")
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv("KEOPS_CACHE_FOLDER", str(cache))  # read by the check's child process
+        keops_status.cache_clear()
+        try:
+            code = cli.main(["info", "--json"])
+        finally:
+            keops_status.cache_clear()
+    return code, json.loads(out.getvalue()), [p for p in cache.rglob("*") if p.is_file()]
+
+
+@pytest.mark.keops
+@pytest.mark.slow
+def test_info_reports_backends_with_a_real_keops_check(fresh_info):
+    """An "available" that compiled nothing (a cached answer, no child run) fails here."""
+    import pykeops
+
+    from dkern.backends import gpu_visible
+
+    code, report, built = fresh_info
     assert code == 0
     assert report["backends"]["numpy"]["available"] is True
+    assert report["gpu_visible"] is gpu_visible()
     keops = report["backends"]["keops"]
-    assert isinstance(keops["available"], bool) and keops["detail"]
-    assert report["gpu_visible"] in (True, False)
+    if keops["available"]:
+        device = "GPU" if report["gpu_visible"] else "CPU"
+        assert keops["detail"].startswith("pykeops ")
+        assert keops["detail"].endswith(f"{pykeops.__version__}, compiled and ran on {device}")
+        assert built, "KeOps reported available but nothing was compiled"
+        if device == "CPU":  # the check's reduction: pykeops_cpp_<hash>.cpython-*.so
+            assert any(p.name.startswith("pykeops_cpp_") and p.suffix == ".so" for p in built)
+    else:  # a failed compile names itself
+        assert keops["detail"].startswith(("KeOps check compile", "check compile took over"))
+
+
+@pytest.mark.keops
+@pytest.mark.slow
+def test_info_keops_detail_is_the_version_line_after_a_fresh_compile(fresh_info):
+    import pykeops
+
+    _, report, _ = fresh_info
+    keops = report["backends"]["keops"]
+    if not keops["available"]:
+        pytest.skip(f"KeOps does not work here: {keops['detail']}")
+    device = "GPU" if report["gpu_visible"] else "CPU"
+    assert keops["detail"] == f"pykeops {pykeops.__version__}, compiled and ran on {device}"
+
+
+@pytest.mark.keops
+def test_info_reports_keops_unavailable_when_the_check_computes_a_wrong_sum(capsys, monkeypatch,
+                                                                            keops_recheck):
+    """The check compares KeOps' reduction with numpy: a wrong reference (numpy's sum + 1)
+    must turn KeOps off, in `dkern info` and for backend="keops"."""
+    from dkern import gram
+    from dkern.backends import BackendUnavailableError, select
+    from dkern.kernels import Gaussian
+
+    if not select.keops_status().available:
+        pytest.skip(f"KeOps does not work here: {select.keops_status().detail}")
+    select.keops_status.cache_clear()
+    wrong = select._KEOPS_CHECK.replace("(x @ x.T).sum(", "(x @ x.T + 1).sum(")
+    assert wrong != select._KEOPS_CHECK
+    monkeypatch.setattr(select, "_KEOPS_CHECK", wrong)
+    code, out, _ = run(capsys, "info", "--json")
+    keops = json.loads(out)["backends"]["keops"]
+    assert code == 0 and keops["available"] is False
+    assert keops["detail"].startswith("KeOps check compile failed: AssertionError"), keops
+    with pytest.raises(BackendUnavailableError, match="KeOps does not work here"):
+        gram(Gaussian(1.0), np.ones((3, 2)), backend="keops")
 
 
 @pytest.mark.distributed

@@ -108,6 +108,63 @@ def test_repr_round_trips(kernel, _ref):
     np.testing.assert_array_equal(again(X, Z), kernel(X, Z))
 
 
+# Kernels whose parameters do not print exactly in a short decimal (1/3, 0.1 + 0.2), ARD
+# lengthscales, and nested algebra: repr must keep every digit and every bracket.
+THIRD, ELL_ODD = 1 / 3, np.array([1 / 3, 0.1 + 0.2, 2.0, 7.0])
+M25 = LEAVES[5][0]  # Matern(1.2, 2.5)
+REPR_EXTRAS = [
+    (K.Gaussian(ELL_ODD), lambda A, B: np.exp(-_r(A, B, ELL_ODD) ** 2 / 2)),
+    (K.RBF(THIRD), lambda A, B: np.exp(-_r(A, B) ** 2 / (2 * THIRD**2))),
+    (K.Laplacian(ELL), lambda A, B: np.exp(-_r(A, B, ELL))),
+    (K.Matern(ELL_ODD, 0.5), lambda A, B: np.exp(-_r(A, B, ELL_ODD))),
+    (K.Polynomial(2, c=THIRD), lambda A, B: (A @ B.T + THIRD) ** 2),
+    (THIRD * (K.Gaussian(ELL) + K.Linear()) ** 2,
+     lambda A, B: THIRD * (LEAVES[1][1](A, B) + LIN(A, B)) ** 2),
+    (K.exp(0.1 * K.Linear()) * M25 + 0.5 * K.Laplacian(1.5),
+     lambda A, B: np.exp(0.1 * LIN(A, B)) * LEAVES[5][1](A, B) + 0.5 * LEAVES[2][1](A, B)),
+]
+REPR_CASES = ALL[:-1] + REPR_EXTRAS  # warp with an arbitrary function is excepted
+
+
+def _star_namespace():
+    """What ``from dkern.kernels import *`` binds."""
+    namespace = {}
+    exec("from dkern.kernels import *", namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("namespace", [_star_namespace(), dict(vars(K))],
+                         ids=["import-star", "vars"])
+@pytest.mark.parametrize(("kernel", "ref"), REPR_CASES,
+                         ids=[repr(k)[:40] for k, _ in REPR_CASES])
+def test_eval_of_repr_gives_an_equal_kernel(kernel, ref, namespace):
+    """The issue's promise, literally: ``eval(repr(k))`` with dkern.kernels' names in scope."""
+    again = eval(repr(kernel), dict(namespace))
+    assert type(again) is type(kernel) and again is not kernel
+    assert again == kernel and repr(again) == repr(kernel)
+    mine, theirs = kernel.get_params(deep=True), again.get_params(deep=True)
+    assert mine.keys() == theirs.keys()
+    for name, value in mine.items():
+        if isinstance(value, K.Kernel):
+            assert theirs[name] == value, name
+        else:  # numbers and ARD lists: bit for bit, not merely close
+            np.testing.assert_array_equal(np.asarray(theirs[name]), np.asarray(value), name)
+    np.testing.assert_allclose(again(X, Z), kernel(X, Z), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(again.diag(X), kernel.diag(X), rtol=1e-15, atol=0)
+    want = ref(X, Z)  # and against the independent formula
+    np.testing.assert_allclose(again(X, Z), want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+
+
+def test_eval_of_warp_repr_with_its_function_in_scope():
+    """A warp round-trips too when its function's name is in scope (a lambda cannot)."""
+    k = K.warp(K.Gaussian(0.8) + K.Linear(), weight)
+    again = eval(repr(k), {**_star_namespace(), "weight": weight})
+    assert again == k and again is not k
+    want = weight(X)[:, None] * (G(X, Z) + LIN(X, Z)) * weight(Z)[None]
+    np.testing.assert_allclose(again(X, Z), want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    assert "<lambda>" in repr(K.warp(K.Linear(), lambda rows: rows[:, 0] ** 2))
+
+
 def test_warp_repr_names_function_and_from_repr_refuses_code():
     assert repr(K.warp(K.Linear(), weight)) == "warp(Linear(), weight)"
     with pytest.raises(ValueError, match="not a dkern kernel expression"):

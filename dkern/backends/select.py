@@ -17,8 +17,9 @@ from ..kernels import fastexp
 logger = logging.getLogger(__name__)
 
 # KeOps prints its compile steps and CUDA probing to stdout unless told not to; dkern
-# reports backend facts through logging and `dkern info` instead. A user's own
-# KEOPS_VERBOSE setting wins.
+# reports backend facts through logging and `dkern info` instead. pykeops reads
+# PYKEOPS_VERBOSE (and then sets keopscore's KEOPS_VERBOSE); a user's own setting wins.
+os.environ.setdefault("PYKEOPS_VERBOSE", "0")
 os.environ.setdefault("KEOPS_VERBOSE", "0")
 
 BACKENDS = ("auto", "numpy", "keops")
@@ -66,8 +67,9 @@ def keops_status() -> BackendStatus:
                else f"failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
         return BackendStatus("keops", False, f"KeOps check compile {how}"[:300])
     device = "GPU" if gpu_visible() else "CPU"
-    return BackendStatus("keops", True,
-                         f"pykeops {done.stdout.strip()}, compiled and ran on {device}")
+    # The version is the check's last line; a user's PYKEOPS_VERBOSE=1 adds compile lines before it.
+    version = (done.stdout.strip().splitlines() or ["?"])[-1]
+    return BackendStatus("keops", True, f"pykeops {version}, compiled and ran on {device}")
 
 
 @functools.lru_cache(maxsize=1)
