@@ -88,6 +88,32 @@ def test_max_iter_too_small_warns_and_reports_not_converged():
     assert not res.converged.any()
 
 
+class Float32Products(NaNAfter):
+    """A Gram operator whose products are rounded to float32: its rounding floor is ~1e-7."""
+
+    def __init__(self, A):
+        super().__init__(A, calls=np.inf)
+
+    def matvec(self, V):
+        return self.A.matvec(V).astype(np.float32).astype(np.float64)
+
+
+def test_tol_below_the_rounding_floor_stalls_early_with_advice():
+    """The recursive residual sticks at the floor too, so the replacements every 50
+    iterations find no gain. Measured: all 8 columns stalled by iteration 200 at true
+    residuals near 1.3e-7; without the stall test it ran all 500 iterations."""
+    with pytest.warns(ConvergenceWarning, match=r"stopped decreasing near \d.*use tol >="):
+        res = cg(Float32Products(operator()), B8, tol=1e-13, max_iter=500)
+    assert res.n_iter <= 250 and not res.converged.any()
+    assert (res.residuals[-1] > 1e-9).all() and (res.residuals[-1] < 1e-6).all()
+    assert rel_err(res.x.compute(), sla.solve(DENSE, B8)) < 1e-6
+    # a reachable tol on the same operator converges as before, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        ok = cg(Float32Products(operator()), B8, tol=1e-5)
+    assert ok.converged.all() and ok.residuals[-1].max() <= 1e-5
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"B": np.ones(N + 1)}, r"B must have shape \(200,\)"),
     ({"B": np.full(N, np.nan)}, "NaN"),

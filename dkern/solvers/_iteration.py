@@ -24,6 +24,15 @@ the true ``B − AX`` every ``refresh_every`` steps and before stopping
 (van der Vorst & Ye 2000, "Residual replacement strategies"), so the history's
 last row and the convergence flags are always true residuals.
 
+Rounding in ``A`` bounds the true residual from below (Falkon at n = 10⁶ with
+an ill-conditioned ``K_mm``: about 1e-6). A column *stalls* there, and stops
+with ``converged = False``, when a check of its true residual fails tol and
+either finds it over ``STALL_GAP`` times the recursive one (the updates fell
+below rounding) or not ``STALL_GAIN`` times smaller than at its previous failed
+check, or when a residual replacement finds it no smaller than at the
+replacement at least ``STALL_WINDOW`` iterations before (the recursive residual
+is stuck too). Without this a tol under the floor would run to ``max_iter``.
+
 With dask vectors, ``persist`` keeps X, R, P, S on the cluster and the graph of
 each iteration starts from persisted chunks, so it never grows; with numpy
 vectors (Falkon's M-dimensional system) ``persist`` and ``compute`` pass them
@@ -47,6 +56,12 @@ logger = logging.getLogger("dkern.solvers.cg")
 #: below it (ill-conditioning, float32) one more reduction computes ``p'ᵀs'`` directly.
 TRUST = {np.dtype(np.float64): 1e-8, np.dtype(np.float32): 1e-2}
 
+#: A failed true-residual check stalls a column when the true residual exceeds the
+#: recursive one by this factor, or has not fallen by STALL_GAIN since the last failed check.
+STALL_GAP, STALL_GAIN = 10.0, 0.5
+#: ... or when a residual replacement finds no decrease over at least this many iterations.
+STALL_WINDOW = 50
+
 Vectors = Any  # dask.array.Array or numpy.ndarray of shape (n, t)
 
 
@@ -55,6 +70,7 @@ class LoopResult(NamedTuple):
     n_iter: int
     residuals: np.ndarray
     converged: np.ndarray
+    stalled: np.ndarray  # (t,): stopped at the attainable accuracy, above tol
 
 
 class Scalars(NamedTuple):
@@ -118,19 +134,26 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
     P = S = None
     gamma_old = np.ones_like(bnorm)
     was_active = np.zeros(bnorm.shape, dtype=bool)
+    stalled = np.zeros(bnorm.shape, dtype=bool)
+    last_failed = np.full(bnorm.shape, np.inf)  # true residual at the column's last failed check
+    rel = np.full(bnorm.shape, np.inf)  # relative residuals of the latest check
+    replaced: list[tuple[int, np.ndarray]] = []  # (iteration, true residual) at replacements
     history: list[np.ndarray] = []
-    k, since_refresh, is_true, verify = 0, 0, True, False
+    k, since_refresh, is_true, verify, replacing = 0, 0, True, False, False
     while True:
         if since_refresh >= refresh_every:  # residual replacement, before this step's matvecs
             # s = A p is recursive too (s' = w + βs) and drifts like r: refresh both
             R, S = dask.persist(B - matvec(X), matvec(P) if P is not None else None)
-            is_true, since_refresh = True, 0
+            is_true, since_refresh, replacing = True, 0, True
         if verify:  # a refreshed residual after the recursive one said "stop": check it alone
             (rho,) = dask.compute(_dot(R, R))
             _check_finite(Scalars(*[rho] * 6), k)
-            rel = np.sqrt(rho) / bnorm
+            recursive, rel = rel, np.sqrt(rho) / bnorm
             history[k:] = [rel]
-            active, verify = rel > tol, False
+            failed = rel > tol
+            stalled |= failed & ((rel > STALL_GAP * recursive) | (rel > STALL_GAIN * last_failed))
+            last_failed = np.where(failed, rel, np.inf)
+            active, verify = failed & ~stalled, False
             if not active.any() or k >= max_iter:
                 break
         U = precond(R)
@@ -142,7 +165,11 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
         _check_finite(s, k)
         rel = np.sqrt(np.maximum(s.rho, 0.0)) / bnorm
         history[k:] = [rel]
-        active = rel > tol
+        if replacing:
+            stalled |= (rel > tol) & _no_gain_since(replaced, k - STALL_WINDOW, rel)
+            replaced.append((k, rel))
+            replacing = False
+        active = (rel > tol) & ~stalled
         _report(k, rel, active, callback, progress)
         done = not active.any() or k >= max_iter
         if done and is_true:
@@ -164,7 +191,23 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
         gamma_old = np.where(active, s.gamma, gamma_old)
         was_active = active
         k, since_refresh, is_true = k + 1, since_refresh + 1, False
-    return LoopResult(X, k, np.vstack(history), ~active)
+    last = history[-1]
+    return LoopResult(X, k, np.vstack(history), last <= tol, stalled & (last > tol))
+
+
+def _no_gain_since(replaced: list[tuple[int, np.ndarray]], k: int, rel: np.ndarray) -> np.ndarray:
+    """Columns whose residual ``rel`` is no smaller than at the last replacement at or before k."""
+    earlier = [r for i, r in replaced if i <= k]
+    return rel >= earlier[-1] if earlier else np.zeros(rel.shape, dtype=bool)
+
+
+def stall_advice(out: LoopResult) -> str:
+    """A sentence for the ConvergenceWarning when columns stalled, else ``""``."""
+    if not out.stalled.any():
+        return ""
+    floor = out.residuals[-1][out.stalled].max()
+    return (f" The true residual stopped decreasing near {floor:.1e}: rounding in the operator "
+            f"limits the attainable accuracy, so use tol >= {2 * floor:.0e} or a larger alpha.")
 
 
 def _report(k: int, rel: np.ndarray, active: np.ndarray,

@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ConvergenceWarning
-from ._iteration import block_cg_loop, progress_bar
+from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     finally:
         if bar is not None:
             bar.close()
-    _warn_if_not_converged(out.converged, out.residuals[-1], out.n_iter, tol)
+    _warn_if_not_converged(out, tol)
     logger.info("CG: %d iterations, largest relative residual %.3e", out.n_iter,
                 out.residuals[-1].max())
     x = out.x[:, 0] if one_column else out.x
@@ -177,13 +177,13 @@ def _positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def _warn_if_not_converged(converged: np.ndarray, last: np.ndarray, n_iter: int,
-                           tol: float) -> None:
-    if converged.all():
+def _warn_if_not_converged(out: LoopResult, tol: float) -> None:
+    if out.converged.all():
         return
+    advice = stall_advice(out) or (
+        " Raise max_iter, loosen tol, increase alpha (better conditioned system), or pass a "
+        "preconditioner (NystromPreconditioner).")
     warnings.warn(
-        f"CG stopped after {n_iter} iterations with {int((~converged).sum())} of "
-        f"{converged.size} right-hand sides above tol={tol:g} (largest relative residual "
-        f"{last.max():.2e}). Raise max_iter, loosen tol, increase alpha (better conditioned "
-        "system), or pass a preconditioner (NystromPreconditioner).",
-        ConvergenceWarning, stacklevel=3)
+        f"CG stopped after {out.n_iter} iterations with {int((~out.converged).sum())} of "
+        f"{out.converged.size} right-hand sides above tol={tol:g} (largest relative residual "
+        f"{out.residuals[-1].max():.2e}).{advice}", ConvergenceWarning, stacklevel=3)

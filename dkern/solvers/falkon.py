@@ -27,7 +27,7 @@ import scipy.linalg as sla
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.nystrom import NystromOperator
-from ._iteration import block_cg_loop, progress_bar
+from ._iteration import block_cg_loop, progress_bar, stall_advice
 from .sampling import gather_rows
 
 logger = logging.getLogger(__name__)
@@ -160,9 +160,10 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         if bar is not None:
             bar.close()
     if not out.converged.all():
+        advice = stall_advice(out) or " Raise max_iter, loosen tol, or increase alpha."
         warnings.warn(f"falkon stopped after {out.n_iter} iterations above tol={tol:g} "
-                      f"(largest relative residual {out.residuals[-1].max():.2e}). Raise max_iter, "
-                      "loosen tol, or increase alpha.", ConvergenceWarning, stacklevel=2)
+                      f"(largest relative residual {out.residuals[-1].max():.2e}).{advice}",
+                      ConvergenceWarning, stacklevel=2)
     beta = precondition(out.x)
     logger.info("falkon: M=%d centres, %d iterations", M, out.n_iter)
     return NystromResult(beta, out.n_iter, out.residuals, out.converged)
