@@ -86,15 +86,21 @@ def part_million(args) -> str:
             model = dkern.KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="nystrom",
                                       n_centers=M, tol=tol, random_state=0)
             fit_s, err = fit_on_store(model, url)
-            rows.append([f"{tol:g}", model.n_iter_, f"{fit_s:.1f}", f"{err:.4f}",
+            rows.append([f"{tol:g}", model.n_iter_, f"{model.residuals_[-1].max():.1e}",
+                         "yes" if model.converged_ else "no", f"{fit_s:.1f}", f"{err:.4f}",
                          "yes" if fit_s <= 60 else "**no**"])
             if args.quick:
                 break
         mem = process_peaks(client)
     return (f"### n = {n:,}, d = 8, M = {M:,} Nyström from a {args.dtype} Zarr store, "
             f"LocalCluster(2 workers)\n\n"
-            + markdown_table(["tol", "iterations", "fit (s)", "test RMSE", "fit ≤ 60 s"], rows)
-            + f"\n\nPeak RSS per process (target ≤ 2 GB): {mem}.")
+            + markdown_table(["tol", "iterations", "final residual", "converged", "fit (s)",
+                              "test RMSE", "fit ≤ 60 s"], rows)
+            + f"\n\nPeak RSS per process (target ≤ 2 GB): {mem}.\n\nThe 60 s target is for the "
+            "first row. A tol the solve cannot reach (here the true residual of the "
+            "preconditioned system stops falling near 1e-6: ℓ = 3 on [-1, 1]^8 makes K_mm "
+            "ill-conditioned) ends with converged = no, after the solver detects the stall; "
+            "the test RMSE does not change.")
 
 
 def sklearn_nystroem(X, y, Xt, M):
