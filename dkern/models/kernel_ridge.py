@@ -103,7 +103,9 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     residuals_ : ndarray of shape (n_iter_ + 1, t) or None
         Relative residual history of CG / Falkon (the last row recomputed); None for exact.
     converged_ : bool
-        Whether every target column reached ``tol`` (True for exact).
+        Whether every target column reached ``tol`` (True for exact). False also when
+        the solver stopped at the system's rounding floor above ``tol`` (with a
+        ConvergenceWarning that names the tol it can reach).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X was a DataFrame with string column names.

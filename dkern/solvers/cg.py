@@ -85,7 +85,9 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     preconditioner : object with ``apply(R)``, optional
         E.g. :class:`JacobiPreconditioner` or :class:`NystromPreconditioner`.
     tol : float, default=1e-6
-        Relative residual each column must reach; > 0.
+        Relative residual each column must reach; > 0. A column whose true residual
+        stops falling above tol (rounding in ``A`` sets a floor) stops there, unconverged,
+        and the ConvergenceWarning names the tol it can reach.
     max_iter : int, optional
         At most this many steps; default ``10 n``, capped at 10 000.
     callback : callable, optional

@@ -93,7 +93,8 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     alpha : float
         Ridge penalty, > 0.
     tol : float, default=1e-6
-        Relative residual of the preconditioned system.
+        Relative residual of the preconditioned system; a stall above it (rounding floor)
+        stops the solve with a ConvergenceWarning naming the reachable tol.
     max_iter : int, optional
         Default ``DEFAULT_MAX_ITER`` (200); Falkon typically needs tens of iterations.
     backend : {"auto", "numpy", "keops"}, default="auto"
