@@ -63,7 +63,9 @@ def _make_data(args: argparse.Namespace) -> dict[str, Any]:
 def _fit(args: argparse.Namespace) -> dict[str, Any]:
     from . import KernelRidge, save
     from .kernels import from_repr
+    from .models.persist import check_can_save
 
+    check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
     model = KernelRidge(from_repr(args.kernel), alpha=args.alpha, solver=args.solver,
                         n_centers=args.centers, centers=args.center_method, tol=args.tol,
                         max_iter=args.max_iter, backend=args.backend, random_state=args.seed,

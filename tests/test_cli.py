@@ -141,17 +141,25 @@ def test_demo_fits_predicts_and_reports(capsys, tmp_path):
 
 
 @pytest.mark.distributed
-def test_fit_then_predict_from_the_shell(capsys, tmp_path):
+def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
     store, model = str(tmp_path / "d.zarr"), str(tmp_path / "model.zarr")
     assert run(capsys, "make-data", "--out", store, "--n", "3000", "--d", "2", "--n-test",
                "300", "--workers", "1", "--quiet")[0] == 0
     args = ["fit", "--data", store, "--x", "X", "--y", "y", "--kernel",
             "Gaussian(lengthscale=0.5)", "--alpha", "0.1", "--solver", "nystrom", "--centers",
-            "150", "--model", model, "--workers", "1", "--json"]
+            "60", "--model", model, "--workers", "1", "--json"]
     code, out, _ = run(capsys, *args)
     assert code == 0 and json.loads(out)["solver"] == "nystrom"
+    import dkern
+
+    def no_fit(*_, **__):
+        raise AssertionError("fit ran although its model could not be saved")
+
+    monkeypatch.setattr(dkern.KernelRidge, "fit", no_fit)
     code, _, err = run(capsys, *args)
-    assert code == 1 and "overwrite" in err  # an existing model is not replaced silently
+    # an existing model is not replaced silently, and the refusal comes before the fit
+    assert code == 1 and "overwrite" in err
+    monkeypatch.undo()
     code, out, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
                        "--out", "pred", "--y", "y_test", "--workers", "1", "--json")
     assert code == 0 and json.loads(out)["rmse"] < 0.1

@@ -61,6 +61,8 @@ def blob_and_sparse(n, rng):
     return Xs, np.sin(2 * Xs[:, 0]) + 0.05 * rng.normal(size=n)
 
 
+# Uniform picks from the tight blob are near-duplicates at this lengthscale: jitter is expected.
+@pytest.mark.filterwarnings("ignore:K_mm is not numerically positive definite")
 def test_leverage_centres_beat_uniform_on_uneven_density():
     kernel, alpha, M = Gaussian(0.4), 1e-3, 25
     errors = {"uniform": [], "leverage": []}
@@ -71,7 +73,7 @@ def test_leverage_centres_beat_uniform_on_uneven_density():
         for method in errors:
             C = select_centers(Xtr, M, method=method, kernel=kernel, alpha=alpha,
                                random_state=seed)
-            beta = falkon(kernel, Xtr, ytr, C, alpha, tol=1e-8, backend="numpy").beta
+            beta = falkon(kernel, Xtr, ytr, C, alpha, tol=1e-6, backend="numpy").beta
             errors[method].append(np.sqrt(np.mean((kernel(Xte, C) @ beta[:, 0] - yte) ** 2)))
     uniform, leverage = np.mean(errors["uniform"]), np.mean(errors["leverage"])
     assert leverage <= 0.8 * uniform, (leverage, uniform)

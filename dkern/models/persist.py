@@ -32,7 +32,7 @@ from ..io._store import Url
 from ..kernels import Kernel, from_repr
 from .kernel_ridge import KernelRidge
 
-__all__ = ["MODEL_FORMAT", "load", "save"]
+__all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +71,7 @@ def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
     check_is_fitted(model, "dual_coef_")
     url = os.fspath(url)
     kernel_text = _kernel_text(model.kernel_)
-    found = _existing_attrs(url)
-    if "dkern_model" in found and not overwrite:
-        raise StoreError(f"{url!r} already holds a saved {found['dkern_model']} model; pass "
-                         "overwrite=True to replace it (the old one stays readable until the "
-                         "new one is complete).")
+    check_can_save(url, overwrite=overwrite)
     arrays: dict[str, Any] = {"dual_coef": model.dual_coef_}
     if model.solver_ == "nystrom":
         arrays["centers"] = model.centers_
@@ -168,6 +164,25 @@ def _fitted_scalars(model: KernelRidge) -> dict[str, Any]:
     if hasattr(model, "feature_names_in_"):
         fitted["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
     return fitted
+
+
+def check_can_save(url: Url, *, overwrite: bool = False) -> None:
+    """Raise the error :func:`save` would raise for ``url`` before any work is done.
+
+    Call it before a long fit whose model goes to ``url``, so a name already taken
+    is reported at once rather than after the fit.
+
+    Raises
+    ------
+    StoreError
+        The store already holds a model and ``overwrite`` is False.
+    """
+    url = os.fspath(url)
+    found = _existing_attrs(url)
+    if "dkern_model" in found and not overwrite:
+        raise StoreError(f"{url!r} already holds a saved {found['dkern_model']} model; pass "
+                         "overwrite=True to replace it (the old one stays readable until the "
+                         "new one is complete).")
 
 
 def _existing_attrs(url: str) -> dict[str, Any]:
