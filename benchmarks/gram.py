@@ -22,23 +22,10 @@ import dask.array as da
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import best_time, machine, markdown_table, update_section  # noqa: E402
+from _results import best_time, machine, markdown_table, naive_numpy, update_section  # noqa: E402
 
 import dkern  # noqa: E402
 from dkern.kernels import Gaussian  # noqa: E402
-
-NAIVE_BLOCK_ROWS = 1000
-
-
-def naive_numpy(X, Z, v, ell):
-    """The straightforward loop: X_b @ Z.T -> sq. distances -> exp -> @ v, 1000 rows at a time."""
-    out = np.empty((len(X), v.shape[1]), dtype=X.dtype)
-    zz = (Z * Z).sum(1)
-    for i in range(0, len(X), NAIVE_BLOCK_ROWS):
-        Xb = X[i:i + NAIVE_BLOCK_ROWS]
-        D = (Xb * Xb).sum(1)[:, None] + zz[None, :] - 2 * Xb @ Z.T
-        out[i:i + NAIVE_BLOCK_ROWS] = np.exp(-D / (2 * ell**2)) @ v
-    return out
 
 
 def raw_pykeops(X, Z, v, ell):

@@ -4,7 +4,7 @@
 
 X lives in a Zarr store (written chunk by chunk by the cluster); the matvec
 ``K(X, X[:m]) @ v`` runs on a LocalCluster of 2 single-threaded workers and the
-result is written back to the store. Reports the peak resident memory (ru_maxrss)
+result is written back to the store. Reports the peak resident memory (VmHWM)
 of the client, the scheduler and every worker process, and rewrites its section of
 benchmarks/RESULTS.md. Target: every process under 1.5 GB.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -22,17 +21,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, markdown_table, update_section  # noqa: E402
+from _results import machine, markdown_table, peak_rss_gb, update_section  # noqa: E402
 
 import dkern  # noqa: E402
 from dkern.kernels import Gaussian  # noqa: E402
 
 LIMIT_GB = 1.5
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident set size in GB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import dask.array as da
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, markdown_table, update_section  # noqa: E402
+from _results import machine, markdown_table, peak_rss_gb, reset_peak_rss, update_section  # noqa: E402
 
 import dkern  # noqa: E402
 from dkern.errors import ConvergenceWarning  # noqa: E402
@@ -39,12 +38,9 @@ ELL, ALPHA, D = 3.0, 1e-3, 8
 GAMMA = 1.0 / (2 * ELL**2)  # scikit-learn's rbf gamma for the same kernel
 
 
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-
-
 def process_peaks(client) -> str:
-    """Peak RSS of this process (client and scheduler) and of every worker, as text."""
+    """Peak RSS of this process (client and scheduler) since the part began, and of every
+    worker, as text."""
     peaks = {"client + scheduler": peak_rss_gb()}
     peaks.update({f"worker {a.rsplit(':', 1)[-1]}": gb
                   for a, gb in client.run(peak_rss_gb).items()})
@@ -242,6 +238,7 @@ def main() -> None:
                         help="dtype of the 1M-row store")
     args = parser.parse_args()
     for name in args.only:
+        reset_peak_rss()
         body = PARTS[name](args)
         text = f"## KRR: {name} (`benchmarks/krr.py`)\n\nMachine: {machine()}.\n\n{body}"
         print(text, flush=True)
