@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], dict[str, Any]] = args.run
     try:
         report = run(args)
-    except (DkernError, ValueError, TypeError, FileNotFoundError) as err:
+    except (DkernError, ValueError, TypeError, OSError) as err:  # OSError: paths, network
         print(f"dkern {args.command}: error: {err}", file=sys.stderr)
         return 1
     _print_report(report, args)

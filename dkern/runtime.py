@@ -40,6 +40,13 @@ def connect(address: str | None = None, **kwargs: Any) -> Client:
     -------
     distributed.Client
         Its dashboard link is logged at INFO level.
+
+    Raises
+    ------
+    ValueError
+        ``address`` is not a scheduler address.
+    ConnectionError
+        No scheduler answers at ``address`` (within distributed's connect timeout).
     """
     address = address or os.environ.get(SCHEDULER_ENV) or None
     if address is None:
@@ -55,7 +62,13 @@ def connect(address: str | None = None, **kwargs: Any) -> Client:
         if not address.startswith(("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")):
             raise ValueError(f"address must be a Dask scheduler address such as "
                              f"'tcp://host:8786'; got {address!r}.")
-        client = Client(address, **kwargs)
+        try:
+            client = Client(address, **kwargs)
+        except OSError as err:
+            raise ConnectionError(
+                f"could not reach the Dask scheduler at {address!r}: {err}. Start it (see "
+                f"cluster/README.md) or check the address; with no address (and "
+                f"${SCHEDULER_ENV} unset) dkern starts an embedded LocalCluster.") from err
     logger.info("dkern connected to %s; dashboard: %s", client.scheduler.address,
                 client.dashboard_link)
     return client

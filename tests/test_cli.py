@@ -171,6 +171,24 @@ def test_bad_arguments_exit_2(capsys):
     assert exc.value.code == 2
 
 
+def test_unwritable_output_path_is_exit_1_with_the_os_message(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run(capsys, "make-data", "--out", str(blocker / "x.zarr"), "--n", "10",
+                       "--d", "2", "--workers", "1")
+    assert code == 1 and "Not a directory" in err and "Traceback" not in err
+
+
+def test_unreachable_scheduler_names_the_address_and_the_fix(capsys):
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        code, _, err = run(capsys, "demo", "--scheduler", "tcp://127.0.0.1:1")
+    assert code == 1
+    assert "could not reach the Dask scheduler at 'tcp://127.0.0.1:1'" in err
+    assert "embedded LocalCluster" in err
+
+
 def test_connect_rejects_a_non_address():
     with pytest.raises(ValueError, match="tcp://host:8786"):
         connect("localhost-8786")
