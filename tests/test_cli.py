@@ -138,6 +138,10 @@ def test_demo_fits_predicts_and_reports(capsys, tmp_path):
     assert report["test_rmse"] < 0.1
     pred, y_test = open_array(store, "pred").compute(), open_array(store, "y_test").compute()
     assert np.sqrt(np.mean((pred - y_test) ** 2)) == pytest.approx(report["test_rmse"], abs=1e-5)
+    code, out, _ = run(capsys, "demo", "--n", "3000", "--n-test", "300", "--d", "3",
+                       "--centers", "100", "--workers", "1", "--json", "--store", store)
+    assert code == 0, "a second demo into the same store replaces its arrays"
+    assert open_array(store, "pred").shape == (300,)
 
 
 @pytest.mark.distributed
@@ -160,9 +164,14 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
     # an existing model is not replaced silently, and the refusal comes before the fit
     assert code == 1 and "overwrite" in err
     monkeypatch.undo()
-    code, out, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
-                       "--out", "pred", "--y", "y_test", "--workers", "1", "--json")
+    predict = ["predict", "--model", model, "--data", store, "--x", "X_test", "--out", "pred",
+               "--y", "y_test", "--workers", "1", "--json"]
+    code, out, _ = run(capsys, *predict)
     assert code == 0 and json.loads(out)["rmse"] < 0.1
+    code, _, err = run(capsys, *predict)
+    assert code == 1 and "pass overwrite=True" in err  # the predictions are not replaced
+    code, again, _ = run(capsys, *predict, "--overwrite")
+    assert code == 0 and json.loads(again)["rmse"] == json.loads(out)["rmse"]
 
 
 def test_bad_arguments_exit_2(capsys):

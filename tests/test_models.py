@@ -13,6 +13,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dkern
 from dkern import KernelRidge
+from dkern.errors import StoreError
 from dkern.kernels import Gaussian, Laplacian
 from dkern.solvers import EXACT_MAX_N
 
@@ -137,8 +138,11 @@ def test_zarr_input_and_predictions_written_to_a_store(tmp_path):
     assert where == (url, "pred")
     stored = dkern.io.open_array(url, "pred").compute()
     assert np.array_equal(stored, model.predict(X_TEST))
-    with pytest.raises(ValueError, match="already has an array 'pred'"):
-        model.predict(X_TEST, out=(url, "pred"))
+    with pytest.raises(StoreError, match=r"already has arrays \['pred'\]; pass overwrite=True"):
+        model.predict(X_TEST[:10], out=(url, "pred"))
+    assert np.array_equal(dkern.io.open_array(url, "pred").compute(), stored)  # untouched
+    model.predict(X_TEST[:10], out=(url, "pred"), overwrite=True)
+    assert np.array_equal(dkern.io.open_array(url, "pred").compute(), stored[:10])
 
 
 # --------------------------------------------------------------------------- bad input

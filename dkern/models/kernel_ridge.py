@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from ..io import list_arrays, write_array
+from ..io import write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.nystrom import NystromOperator
@@ -182,7 +182,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
                     self.converged_)
         return self
 
-    def predict(self, X: Any, out: tuple[str, str] | None = None) -> Any:
+    def predict(self, X: Any, out: tuple[str, str] | None = None, *,
+                overwrite: bool = False) -> Any:
         """Predict ``K(X, X_fit_) @ dual_coef_`` (or ``K(X, centers_) @ dual_coef_``).
 
         Parameters
@@ -191,7 +192,10 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         out : (url, path), optional
             Write the predictions, chunk by chunk, to a new array ``path`` of the
             store at ``url`` (published atomically by :func:`dkern.io.write_array`)
-            instead of returning them. An existing array there is refused.
+            instead of returning them.
+        overwrite : bool, default False
+            Replace an array already at ``out``; without it that is refused before any
+            work. Readers see the old array until the new one is complete.
 
         Returns
         -------
@@ -206,7 +210,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         else:
             pred = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend) @ self.dual_coef_
         if out is not None:
-            return _write_predictions(pred, out)
+            return _write_predictions(pred, out, overwrite)
         return pred.compute() if isinstance(Xv, np.ndarray) else pred
 
     # ------------------------------------------------------------------ fitting
@@ -263,19 +267,10 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.converged_ = bool(result.converged.all())
 
 
-def _write_predictions(pred: da.Array, out: Any) -> tuple[str, str]:
-    """Write ``pred`` to a new array ``out = (url, path)``; return ``out``."""
+def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, str]:
+    """Write ``pred`` to the array ``out = (url, path)``; return ``out``."""
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(p, str) for p in out)):
         raise TypeError(f"out must be a (url, path) tuple of strings, e.g. ('preds.zarr', "
                         f"'pred'); got {out!r}.")
-    url, path = out
-    group, _, name = path.strip("/").rpartition("/")
-    try:
-        present = list_arrays(url, group)
-    except ValueError:  # no store or group there yet: nothing to clash with
-        present = []
-    if name in present:
-        raise ValueError(f"predict(out={out!r}): the store already has an array {path!r}; "
-                         "predict writes new arrays only. Pick another path or delete it.")
-    write_array(pred, url, path)
+    write_array(pred, *out, overwrite=overwrite)  # refuses a taken name before computing
     return out
