@@ -95,6 +95,12 @@ def test_store_tuple_input(tmp_path):
     np.testing.assert_array_equal(out.compute(), x)
 
 
+@pytest.mark.parametrize("rows", [((1.0, 2.0), (3.0, 4.0)), ((1.0, 2.0), (3.0, 4.0), (5.0, 6.0))])
+def test_a_tuple_of_rows_is_data_not_a_store(rows):
+    """Only (str or path, str) names a stored array; scikit-learn takes tuples as array-likes."""
+    np.testing.assert_array_equal(as_rows(rows, name="X").compute(), np.array(rows))
+
+
 def test_zarr_chunk_bigger_than_default_is_read_whole():
     z = zarr.create_array(zarr.storage.MemoryStore(), shape=(5000, 1), chunks=(4000, 1), dtype="f8")
     z[...] = 1.0

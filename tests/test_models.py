@@ -145,6 +145,13 @@ def test_zarr_input_and_predictions_written_to_a_store(tmp_path):
     assert np.array_equal(dkern.io.open_array(url, "pred").compute(), model.predict(X_TEST[:10]))
 
 
+def test_tuples_of_rows_fit_like_arrays():
+    rows = tuple(map(tuple, X_ALL[:30]))
+    got = KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="exact").fit(rows, Y_ALL[:30, 0])
+    want = KernelRidge(Gaussian(ELL), alpha=ALPHA, solver="exact").fit(X_ALL[:30], Y_ALL[:30, 0])
+    np.testing.assert_array_equal(got.dual_coef_, want.dual_coef_)
+
+
 # --------------------------------------------------------------------------- bad input
 X_SMALL, Y_SMALL = X_ALL[:50], Y_ALL[:50, 0]
 

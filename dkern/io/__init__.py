@@ -7,13 +7,15 @@ The only dkern package that imports zarr. Data flow::
 """
 
 from dkern.io.read import list_arrays, open_array, read_attrs
-from dkern.io.rows import as_rows, default_row_chunk
+from dkern.io.rows import as_rows, default_row_chunk, is_lazy, is_store_ref
 from dkern.io.synthetic import make_regression_store
 from dkern.io.write import write_array, write_arrays
 
 __all__ = [
     "as_rows",
     "default_row_chunk",
+    "is_lazy",
+    "is_store_ref",
     "list_arrays",
     "make_regression_store",
     "open_array",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import dask.array as da
@@ -12,12 +13,26 @@ from dask.base import tokenize
 
 from dkern.io.read import open_array, zarr_to_dask
 
-__all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk"]
+__all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk", "is_lazy", "is_store_ref"]
 
 #: Bytes per row chunk that ``default_row_chunk`` aims for.
 TARGET_CHUNK_BYTES = 16 * 2**20
 
 _SHAPES = {1: "(n_samples,)", 2: "(n_samples, n_features)"}
+
+
+def is_store_ref(X: Any) -> bool:
+    """True for ``(url, path)``: a str or path-like store and a str array path.
+
+    Any other tuple is an ordinary array-like, e.g. ``((1.0, 2.0), (3.0, 4.0))``.
+    """
+    return (isinstance(X, tuple) and len(X) == 2 and isinstance(X[0], str | os.PathLike)
+            and isinstance(X[1], str))
+
+
+def is_lazy(X: Any) -> bool:
+    """True for operands read chunk by chunk: dask, Zarr, or a ``(url, path)`` reference."""
+    return isinstance(X, da.Array | zarr.Array) or is_store_ref(X)
 
 
 def default_row_chunk(n: int, n_cols: int, itemsize: int) -> int:
@@ -93,7 +108,7 @@ def as_rows(
         raise ValueError(f"row_chunks must be a positive int; got {row_chunks!r}.")
     if isinstance(X, da.Array):
         out = _dask_rows(X, name, allowed, row_chunks)
-    elif isinstance(X, zarr.Array | tuple):
+    elif isinstance(X, zarr.Array) or is_store_ref(X):
         out = _stored_rows(X, name, allowed, row_chunks)
     else:
         return _numpy_rows(X, name, allowed, row_chunks, check_finite, target)

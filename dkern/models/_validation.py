@@ -14,15 +14,9 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-import zarr
 from sklearn.utils.validation import validate_data
 
-from ..io import as_rows
-
-
-def is_lazy(X: Any) -> bool:
-    """True for operands that stay out of memory: dask, Zarr, or ``(url, path)``."""
-    return isinstance(X, da.Array | zarr.Array | tuple)
+from ..io import as_rows, is_lazy
 
 
 def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
