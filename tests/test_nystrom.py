@@ -108,6 +108,13 @@ def test_exact_solve_matches_scipy_and_refuses_bad_cases():
         exact_solve(kernel, big, big[:, 0], 1.0)
 
 
+def test_falkon_and_cg_take_numpy_scalars():
+    ref = falkon(Gaussian(1.0), X, Y, X[:10], 0.25, tol=0.5, backend="numpy", random_state=0)
+    got = falkon(Gaussian(1.0), X, Y, X[:10], np.float32(0.25), tol=np.float32(0.5),
+                 backend="numpy", random_state=0)
+    np.testing.assert_array_equal(got.beta, ref.beta)
+
+
 def test_falkon_bad_inputs():
     with pytest.raises(ValueError, match="alpha must be"):
         falkon(Gaussian(1.0), X, Y, X[:10], 0.0)

@@ -64,6 +64,16 @@ def test_nystrom_round_trip_default_kernel_and_feature_names(tmp_path):
     assert "X_fit" not in dkern.io.list_arrays(url)
 
 
+def test_numpy_scalar_hyperparameters_are_stored_as_numbers(tmp_path):
+    """As a GridSearchCV grid from np.arange / np.logspace hands them over."""
+    model = KernelRidge(alpha=np.float32(0.5), solver="nystrom", n_centers=np.int64(30),
+                        random_state=np.int64(3)).fit(X, Y)
+    url, loaded = roundtrip(model, tmp_path)
+    assert dkern.io.read_attrs(url)["params"]["n_centers"] == 30
+    assert loaded.get_params()["alpha"] == 0.5 and loaded.random_state == 3
+    assert np.array_equal(loaded.predict(X_NEW), model.predict(X_NEW))
+
+
 def test_save_refuses_to_replace_a_model_and_keeps_the_old_one(tmp_path):
     old = KernelRidge(KERNEL, alpha=0.3, solver="exact").fit(X, Y)
     url, _ = roundtrip(old, tmp_path)

@@ -114,6 +114,12 @@ def test_tol_below_the_rounding_floor_stalls_early_with_advice():
     assert ok.converged.all() and ok.residuals[-1].max() <= 1e-5
 
 
+def test_numpy_scalar_tol_is_a_number():
+    want = cg(operator(), B8[:, 0], tol=1e-6)
+    got = cg(operator(), B8[:, 0], tol=np.float32(1e-6))
+    np.testing.assert_array_equal(got.x.compute(), want.x.compute())
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"B": np.ones(N + 1)}, r"B must have shape \(200,\)"),
     ({"B": np.full(N, np.nan)}, "NaN"),

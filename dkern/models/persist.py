@@ -147,6 +147,8 @@ def _kernel_text(kernel: Kernel) -> str:
 def _json_params(model: KernelRidge) -> dict[str, Any]:
     params = model.get_params(deep=False)
     params.pop("kernel")
+    # numpy scalars (from np.arange/np.logspace grids) are stored as the Python numbers they are
+    params = {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
     seed = params["random_state"]
     if seed is not None and not isinstance(seed, int):
         warnings.warn(f"random_state={seed!r} cannot be stored in a model file; the loaded "

@@ -11,6 +11,7 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any, Protocol
 
 import dask.array as da
@@ -115,8 +116,9 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     max_iter = min(10 * n, 10_000) if max_iter is None else _positive_int(max_iter, "max_iter")
     refresh = REFRESH_EVERY.get(dtype, 50) if refresh_every is None else _positive_int(
         refresh_every, "refresh_every")
-    if not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol > 0):
+    if not (isinstance(tol, Real) and np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a finite number > 0, e.g. 1e-6; got {tol!r}.")
+    tol = float(tol)
     X0 = da.zeros_like(Bd) if x0 is None else _as_vectors(A, x0, "x0", like=Bd)[0]
     apply = preconditioner.apply if preconditioner is not None else (lambda R: R)
     bar = progress_bar(max_iter, "dkern cg") if progress else None
