@@ -158,6 +158,29 @@ def test_crash_mid_write_keeps_previous_version(tmp_path):
     np.testing.assert_array_equal(open_array(url, "y").compute(), old[:, 0])
 
 
+def tree(path):
+    return sorted(os.path.relpath(os.path.join(d, n), path)
+                  for d, dirs, files in os.walk(path) for n in dirs + files)
+
+
+def test_crash_mid_write_leaves_no_new_store_group_or_files(tmp_path):
+    bad = da.from_array(np.zeros((100, 3)), chunks=(10, 3)).map_blocks(_fail_on_third, dtype=float)
+    with pytest.raises(RuntimeError, match="worker died"):  # a new store
+        write_arrays(tmp_path / "new", {"X": bad}, chunk_rows=10)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain/notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError, match="worker died"):  # a folder that was no store
+        write_arrays(tmp_path / "plain", {"X": bad}, chunk_rows=10)
+    assert tree(tmp_path / "plain") == ["notes.txt"]
+    url = str(tmp_path / "s")
+    write_arrays(url, {"y": np.ones(4)})
+    before = tree(url)
+    with pytest.raises(RuntimeError, match="worker died"):  # a new nested group
+        write_arrays(url, {"X": bad}, chunk_rows=10, group="models/krr")
+    assert tree(url) == before
+
+
 def test_leftovers_of_a_killed_write_are_never_visible_and_get_replaced(tmp_path):
     url = str(tmp_path / "s")
     write_arrays(url, {"X": np.ones((4, 2))})

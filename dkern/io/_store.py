@@ -84,6 +84,41 @@ def _open(url: str, group: str, mode: Literal["r", "a"]) -> zarr.Group:
         ) from None
 
 
+def missing_part(url: str, group: str) -> tuple[str, bool] | None:
+    """What writing to ``group`` would create: None if the group exists, else the
+    shallowest missing group path (``""``: the store's root group) and whether the
+    store's location itself is new (nothing there at all)."""
+    parts = group.split("/") if group else []
+    for depth in range(len(parts) + 1):
+        path = "/".join(parts[:depth])
+        if find_group(url, path) is None:
+            new_location = path == "" and not _fs_path(url)[0].exists(_fs_path(url)[1])
+            return path, new_location
+    return None
+
+
+def remove_created(url: str, created: tuple[str, bool]) -> None:
+    """Undo what a failed write created (see :func:`missing_part`), leaving whatever
+    was there before untouched."""
+    path, new_location = created
+    fs, root = _fs_path(url)
+    if new_location:
+        fs.rm(root, recursive=True)
+    elif path == "":  # an existing folder that was not a store: only dkern's own files
+        fs.rm([p for p in (f"{root}/zarr.json", f"{root}/{VERSIONS_DIR}") if fs.exists(p)],
+              recursive=True)
+    else:
+        parent, _, name = path.rpartition("/")
+        del _open(url, parent, "a")[name]
+
+
+def _fs_path(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path in it."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)
+
+
 def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
     """The group's dkern pointer table, or ``{}`` for a group dkern never wrote."""
     pointer = root.attrs.get(POINTER_KEY)

@@ -39,9 +39,11 @@ from dkern.io._store import (
     VERSIONS_DIR,
     Url,
     find_group,
+    missing_part,
     open_group,
     plain_members,
     read_pointer,
+    remove_created,
     where,
 )
 from dkern.io.rows import default_row_chunk
@@ -109,9 +111,15 @@ def write_arrays(
             f"{where(url, group)} already has arrays {clashes}; pass overwrite=True to "
             "replace them (the old ones stay readable until the new ones are complete)."
         )
+    created = missing_part(url, group) if current is None else None
     root = open_group(url, group, mode="a")
     version = int(pointer.get("version", 0)) + 1
-    entries = _write_version(root, version, sources)
+    try:
+        entries = _write_version(root, version, sources)
+    except BaseException:
+        if created is not None:  # a failed call leaves no new store or group behind
+            remove_created(url, created)
+        raise
     new_pointer: dict[str, Any] = {
         "format": FORMAT,
         "dkern_version": __version__,
