@@ -1,5 +1,7 @@
 """Kernels against independent dense formulas (scipy's cdist), algebra, params, repr, bad input."""
 
+import re
+
 import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
@@ -167,10 +169,32 @@ def test_eval_of_warp_repr_with_its_function_in_scope():
 
 def test_warp_repr_names_function_and_from_repr_refuses_code():
     assert repr(K.warp(K.Linear(), weight)) == "warp(Linear(), weight)"
-    with pytest.raises(ValueError, match="not a dkern kernel expression"):
+    with pytest.raises(ValueError, match="not part of a dkern kernel expression"):
         K.from_repr("__import__('os').system('true')")
     with pytest.raises(ValueError, match="not a kernel expression"):
         K.from_repr("Gaussian(")
+
+
+@pytest.mark.parametrize("text, part", [
+    ("Gaussian(lengthscale=9**9**9**9)", "9 ** 9"),  # unbounded work: refused, never run
+    ("Gaussian(lengthscale=[1.0] * 10**10)", "10 ** 10"),
+    ("Gaussian(1.0) + 2.0", "Gaussian(1.0) + 2.0"),
+    ("Gaussian(1.0) ** Gaussian(1.0)", "Gaussian(1.0) ** Gaussian(1.0)"),
+    ("Gaussian(**{'lengthscale': 1.0})", "Gaussian(**{'lengthscale': 1.0})"),
+    ("Gaussian(lengthscale='1')", "'1'"),
+    ("Gaussian.__class__", "Gaussian.__class__"),
+])
+def test_from_repr_parses_kernel_algebra_only(text, part):
+    with pytest.raises(ValueError, match=re.escape(repr(part))):
+        K.from_repr(text)
+
+
+def test_from_repr_understands_signs_lists_and_the_algebra():
+    text = "(0.5 * (Gaussian(lengthscale=[1.0, 2.0]) + Matern(1.5, nu=2.5)) ** 2) * Linear()"
+    want = (0.5 * (K.Gaussian([1.0, 2.0]) + K.Matern(1.5, nu=2.5)) ** 2) * K.Linear()
+    assert K.from_repr(text) == want
+    with pytest.raises(ValueError, match="lengthscale"):  # the kernel's own check still runs
+        K.from_repr("Gaussian(lengthscale=-1.0)")
 
 
 def test_get_set_params_nested_like_sklearn():

@@ -6,6 +6,9 @@ Kernels compose: ``c * k``, ``k1 + k2``, ``k1 * k2``, ``k ** p``, ``exp(k)``,
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 from .algebra import Exp, Power, Product, Scaled, Sum, Warp, exp, warp
 from .base import Kernel
 from .dot import Linear, Polynomial
@@ -23,23 +26,68 @@ _REPR_NAMES = {name: globals()[name] for name in __all__ if name not in ("from_r
 def from_repr(text: str) -> Kernel:
     """The kernel whose ``repr`` is ``text``, e.g. ``"(2.0 * Gaussian(lengthscale=0.5))"``.
 
-    Only kernel names, numbers, lists and the algebra operators are understood;
-    no other Python runs (``warp`` with an arbitrary function cannot be restored).
+    The text is parsed, not run: only kernel names called with numbers or lists of
+    numbers, and the algebra (``kernel + kernel``, ``kernel * kernel``, ``number *
+    kernel``, ``kernel ** int``) are understood, so a model file cannot execute code
+    or ask for unbounded work. ``warp`` with an arbitrary function cannot be restored.
+
+    Raises
+    ------
+    ValueError
+        ``text`` is not such an expression, or a kernel rejects its parameters.
     """
     import ast
 
-    allowed = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.List,
-               ast.Tuple, ast.BinOp, ast.Add, ast.Mult, ast.Pow, ast.UnaryOp, ast.USub)
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as err:
         raise ValueError(f"from_repr: {text!r} is not a kernel expression ({err.msg}).") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, allowed) or (isinstance(node, ast.Name)
-                                             and node.id not in _REPR_NAMES):
-            raise ValueError(f"from_repr: {text!r} contains {ast.dump(node)[:60]}, which is not "
-                             f"a dkern kernel expression; known names: {sorted(_REPR_NAMES)}.")
-    kernel = eval(compile(tree, "<kernel>", "eval"), {"__builtins__": {}}, dict(_REPR_NAMES))
+    kernel = _evaluate(tree.body, text)
     if not isinstance(kernel, Kernel):
-        raise ValueError(f"from_repr: {text!r} evaluates to {type(kernel).__name__}, not a kernel.")
+        raise ValueError(f"from_repr: {text!r} is a {type(kernel).__name__}, not a kernel.")
     return kernel
+
+
+def _evaluate(node: Any, text: str) -> Any:
+    """The value of one node of a kernel expression (see :func:`from_repr`)."""
+    import ast
+
+    if isinstance(node, ast.Constant) and _is_number(node.value):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _evaluate(node.operand, text)
+        if _is_number(value):
+            return -value if isinstance(node.op, ast.USub) else value
+    elif isinstance(node, ast.List | ast.Tuple):
+        items = [_evaluate(item, text) for item in node.elts]
+        if all(_is_number(item) for item in items):
+            return items
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id in _REPR_NAMES):
+        args = [_evaluate(arg, text) for arg in node.args]
+        kwargs = {kw.arg: _evaluate(kw.value, text) for kw in node.keywords if kw.arg}
+        if len(kwargs) == len(node.keywords):
+            return _REPR_NAMES[node.func.id](*args, **kwargs)
+    elif isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left, text), _evaluate(node.right, text)
+        if _algebra_allows(node.op, left, right):
+            return {ast.Add: operator.add, ast.Mult: operator.mul,
+                    ast.Pow: operator.pow}[type(node.op)](left, right)
+    raise ValueError(f"from_repr: {text!r} contains {ast.unparse(node)!r}, which is not part of "
+                     "a dkern kernel expression (kernel names called with numbers, k1 + k2, "
+                     f"k1 * k2, c * k, k ** p); known names: {sorted(_REPR_NAMES)}.")
+
+
+def _algebra_allows(op: Any, left: Any, right: Any) -> bool:
+    import ast
+
+    if isinstance(op, ast.Add):
+        return isinstance(left, Kernel) and isinstance(right, Kernel)
+    if isinstance(op, ast.Mult):
+        return (isinstance(left, Kernel) and (isinstance(right, Kernel) or _is_number(right))
+                or _is_number(left) and isinstance(right, Kernel))
+    return isinstance(op, ast.Pow) and isinstance(left, Kernel) and isinstance(right, int)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
