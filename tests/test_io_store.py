@@ -237,6 +237,10 @@ def test_manifest_mismatch_and_unknown_format(tmp_path):
     g.update_attributes({"dkern": p})
     with pytest.raises(StoreError, match=r"'X' does not match its manifest: expected \{'shape'"):
         open_array(url, "X")
+    p["arrays"]["X"].update(shape=[4, 2], n_chunks=3)
+    g.update_attributes({"dkern": p})
+    with pytest.raises(StoreError, match=r"expected .*'n_chunks': 3\}, found .*'n_chunks': 1\}"):
+        open_array(url, "X")
     g.update_attributes({"dkern": {**p, "format": 99}})
     with pytest.raises(StoreError, match="pointer of format 99; this dkern reads format 1"):
         open_array(url, "X")

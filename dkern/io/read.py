@@ -169,7 +169,8 @@ def _dkern_array(
             "but no array is there; the store is damaged. Rewrite the array."
         ) from None
     if verify:
-        found = {"shape": list(z.shape), "dtype": str(z.dtype), "chunks": list(z.chunks)}
+        found = {"shape": list(z.shape), "dtype": str(z.dtype), "chunks": list(z.chunks),
+                 "n_chunks": z.nchunks}
         expected = {key: entry[key] for key in found}
         if found != expected:
             raise StoreError(
