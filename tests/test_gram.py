@@ -238,6 +238,17 @@ def test_feature_mismatch_names_both_shapes():
         dkern.gram(KERNEL, X, Z[:, :3])
 
 
+@pytest.mark.parametrize("make", [
+    lambda k: dkern.gram(k, da.from_array(X, chunks=100)),
+    lambda k: dkern.KernelRidge(k, solver="cg").fit(X, X[:, 0]),
+    lambda k: dkern.KernelRidge(k, solver="nystrom", n_centers=20).fit(X, X[:, 0]),
+])
+def test_ard_lengthscale_of_the_wrong_length_is_refused_before_any_task(make):
+    kernel = 2.0 * Gaussian([1.0, 2.0, 3.0]) + Linear()  # X has 4 features
+    with pytest.raises(ValueError, match="lengthscale has 3 entries but the data has 4 features"):
+        make(kernel)
+
+
 def test_vector_length_mismatch_names_both_shapes():
     op = dkern.gram(KERNEL, X, Z, backend="numpy")
     with pytest.raises(ValueError, match=r"\(311,\).*\(503, 311\).*\(310,\)"):

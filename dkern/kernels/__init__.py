@@ -10,17 +10,20 @@ import operator
 from typing import Any
 
 from .algebra import Exp, Power, Product, Scaled, Sum, Warp, exp, warp
-from .base import Kernel
+from .base import Kernel, check_n_features
 from .dot import Linear, Polynomial
 from .psd import PSDReport, check_psd
 from .stationary import RBF, Gaussian, Laplacian, Matern
 
 __all__ = [
     "RBF", "Exp", "Gaussian", "Kernel", "Laplacian", "Linear", "Matern", "PSDReport", "Polynomial",
-    "Power", "Product", "Scaled", "Sum", "Warp", "check_psd", "exp", "from_repr", "warp",
+    "Power", "Product", "Scaled", "Sum", "Warp", "check_n_features", "check_psd", "exp",
+    "from_repr", "warp",
 ]
 
-_REPR_NAMES = {name: globals()[name] for name in __all__ if name not in ("from_repr", "warp")}
+_REPR_NAMES = {name: globals()[name] for name in __all__
+               if name not in ("Kernel", "PSDReport", "check_n_features", "check_psd", "from_repr",
+                               "warp")}
 
 
 def from_repr(text: str) -> Kernel:

@@ -163,6 +163,16 @@ def check_integer(value: Any, name: str, owner: str, minimum: int) -> int:
     return int(value)
 
 
+def check_n_features(kernel: Kernel, n_features: int) -> None:
+    """Raise now, not inside a task, if an ARD lengthscale anywhere in ``kernel`` does
+    not have one entry per feature."""
+    for key, value in kernel.get_params(deep=True).items():
+        if key.rpartition("__")[2] == "lengthscale" and np.ndim(value) == 1 \
+                and len(value) != n_features:
+            raise ValueError(f"{kernel!r}: lengthscale has {len(value)} entries but the data has "
+                             f"{n_features} features; give one per feature or a scalar.")
+
+
 def as_pair(X: Array, Z: Array | None) -> tuple[Array, Array]:
     """Check that X and Z are 2-D with the same feature count; Z defaults to X."""
     X = np.asarray(X)

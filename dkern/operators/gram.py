@@ -15,7 +15,7 @@ import numpy as np
 from dask.base import tokenize
 
 from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
-from ..kernels import Kernel
+from ..kernels import Kernel, check_n_features
 from .base import Operator, data_rows
 
 
@@ -42,6 +42,7 @@ class GramOperator(Operator):
     """
 
     def __init__(self, kernel: Kernel, X: da.Array, Z: da.Array | None, backend: str) -> None:
+        check_n_features(kernel, X.shape[1])
         self.kernel, self.X, self.backend = kernel, X, backend
         self.Z = X if Z is None else Z
         self.shape = (X.shape[0], self.Z.shape[0])

@@ -26,7 +26,7 @@ from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
 from ..backends.normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from ..backends.numpy_backend import single_threaded_blas
 from ..io import as_rows
-from ..kernels import Kernel
+from ..kernels import Kernel, check_n_features
 from .base import data_rows
 
 
@@ -90,6 +90,7 @@ class NystromOperator:
         if C.ndim != 2 or C.shape[1] != self.X.shape[1] or len(C) == 0:
             raise ValueError(f"centers must have shape (M, {self.X.shape[1]}) with M >= 1 to "
                              f"match X of shape {self.X.shape}; got shape {C.shape}.")
+        check_n_features(kernel, C.shape[1])
         if not np.all(np.isfinite(C)):
             raise ValueError("centers contain NaN or infinity; pick centres among finite rows.")
         self.C = C
