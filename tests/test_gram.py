@@ -281,6 +281,10 @@ def test_shift_and_diag_need_a_square_operator():
         op + 1.0
     with pytest.raises(ValueError, match="square operator"):
         op.diag()
+    square = dkern.gram(KERNEL, X, backend="numpy")
+    for operand in (square, square + 1.0):
+        with pytest.raises(TypeError, match="unsupported operand"):
+            operand + "1.0"
 
 
 def test_threaded_scheduler_gives_same_result():

@@ -98,6 +98,7 @@ def test_attrs_and_refusal(tmp_path):
     [
         ((0, 2), {}, "need n >= 1"),
         ((10, 2), {"dtype": np.int64}, "dtype must be numpy.float32 or numpy.float64"),
+        ((10, 2), {"chunk_rows": 0}, "chunk_rows must be a positive int"),
     ],
 )
 def test_bad_arguments(tmp_path, args, kwargs, match):

@@ -263,3 +263,6 @@ def test_check_psd_accepts_valid_and_flags_invalid():
 
     bad = K.check_psd(Sigmoid(), X, n=60)
     assert not bad.is_psd and bad.min_eigenvalue < -1.0
+    assert K.check_psd(k, X.tolist(), n=60) == report  # lists are array-likes too
+    with pytest.raises(ValueError, match=r"X must have shape \(n_samples, n_features\)"):
+        K.check_psd(k, X[:, 0])

@@ -144,6 +144,11 @@ def test_bad_inputs(kwargs, match):
         cg(operator(), args.pop("B"), **args)
 
 
+def test_non_numeric_right_hand_side_is_a_type_error():
+    with pytest.raises(TypeError, match="B must hold numbers .* got dtype <U1"):
+        cg(operator(), np.array(["a"] * N))
+
+
 class Scaled:
     """``S A S`` for a diagonal S: badly scaled, which Jacobi undoes."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
 
 import dask.array as da
@@ -68,6 +69,9 @@ def make_regression_store(
     """
     if n < 1 or d < 1 or n_test < 0:
         raise ValueError(f"need n >= 1, d >= 1, n_test >= 0; got n={n}, d={d}, n_test={n_test}.")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, Integral) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be a positive int (rows per stored chunk); got "
+                         f"{chunk_rows!r}.")
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be numpy.float32 or numpy.float64; got {dtype}.")

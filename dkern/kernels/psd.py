@@ -56,13 +56,18 @@ def check_psd(kernel: Kernel, X: Any, n: int = 1000, *, random_state: int | None
     if not 2 <= n <= MAX_PSD_SAMPLE:
         raise ValueError(f"check_psd: n must be between 2 and {MAX_PSD_SAMPLE} (a dense "
                          f"eigenproblem); got n={n}.")
+    if not hasattr(X, "shape"):  # lists, tuples: the dense sample is small anyway
+        X = np.asarray(X, dtype=np.float64)
+    if len(X.shape) != 2 or X.shape[0] < 1:
+        raise ValueError(f"check_psd: X must have shape (n_samples, n_features) with at least "
+                         f"one row; got shape {X.shape}.")
     n_rows = X.shape[0]
     rng = np.random.default_rng(random_state)
     rows = np.sort(rng.choice(n_rows, min(n, n_rows), replace=False))
     sample = np.asarray(X[rows], dtype=np.float64)
     eig = scipy.linalg.eigvalsh(kernel(sample))
     lo, hi = float(eig[0]), float(eig[-1])
-    tol = 10.0 * len(sample) * np.finfo(np.float64).eps * max(abs(hi), 1.0)
+    tol = float(10.0 * len(sample) * np.finfo(np.float64).eps * max(abs(hi), 1.0))
     report = PSDReport(lo, hi, len(sample), tol)
     logger.info("check_psd(%r): min eigenvalue %.3e, max %.3e on %d rows -> %s", kernel, lo, hi,
                 len(sample), "PSD" if report.is_psd else "NOT PSD")

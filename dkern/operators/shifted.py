@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Real
+
 import dask.array as da
 import numpy as np
 
@@ -39,6 +41,8 @@ class ShiftedOperator(Operator):
         return ShiftedOperator(self.base.T, self.alpha)  # type: ignore[attr-defined]
 
     def __add__(self, alpha: float) -> Operator:
+        if not isinstance(alpha, Real):
+            return NotImplemented
         return ShiftedOperator(self.base, self.alpha + float(alpha))
 
     __radd__ = __add__

@@ -154,6 +154,9 @@ def _as_vectors(A: Any, B: Any, name: str, like: da.Array | None = None) -> tupl
     if Bn.ndim not in (1, 2) or Bn.shape[0] != n:
         raise ValueError(f"{name} must have shape ({n},) or ({n}, t) to match A of shape "
                          f"{A.shape}; got shape {Bn.shape}.")
+    if Bn.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must hold numbers (bool, integer or float); got dtype "
+                        f"{Bn.dtype}. Convert it, e.g. {name}.astype(numpy.float64).")
     if like is not None and (Bn.reshape(n, -1).shape != like.shape):
         raise ValueError(f"{name} must have the shape of B, {like.shape}; got {Bn.shape}.")
     if not isinstance(Bn, da.Array) and not np.all(np.isfinite(Bn)):
