@@ -145,7 +145,8 @@ def _gram_tasks_by_worker(task_stream):
 @pytest.mark.parametrize("t", [1, 3])
 def test_matvec_on_local_cluster(cluster_client, kind, t, dtype, tmp_path):
     """On the shared LocalCluster (2 worker processes, 1 thread each): every block task ran
-    on a worker (counted in the task stream), and both workers ran some."""
+    on a worker (counted in the task stream), and with X in several row chunks both workers
+    ran some. (With X in one chunk the scheduler may rightly keep all six blocks beside it.)"""
     from distributed import get_task_stream
 
     kernel = Laplacian(0.9) + 0.5 * Linear()
@@ -164,7 +165,8 @@ def test_matvec_on_local_cluster(cluster_client, kind, t, dtype, tmp_path):
     ran = _gram_tasks_by_worker(stream.data)
     assert len(workers) == 2
     assert sum(ran.values()) == blocks, ran
-    assert set(ran) == workers, f"block tasks ran only on {sorted(ran)} of {sorted(workers)}"
+    if len(op.X.chunks[0]) > 1:
+        assert set(ran) == workers, f"block tasks ran only on {sorted(ran)} of {sorted(workers)}"
 
 
 def test_one_row_chunks_on_both_sides(sync_scheduler):
