@@ -169,6 +169,7 @@ def test_matvec_on_local_cluster(cluster_client, kind, t, dtype, tmp_path):
         assert set(ran) == workers, f"block tasks ran only on {sorted(ran)} of {sorted(workers)}"
 
 
+@pytest.mark.filterwarnings("ignore:Increasing number of chunks")  # 40 x 30 blocks, on purpose
 def test_one_row_chunks_on_both_sides(sync_scheduler):
     Xs, Zs, V = X[:40], Z[:30], RNG.normal(size=(30, 2))
     op = dkern.gram(KERNEL, da.from_array(Xs, chunks=(1, -1)), da.from_array(Zs, chunks=(1, -1)),
@@ -224,6 +225,7 @@ def test_nan_in_numpy_x_is_reported_with_name():
         dkern.gram(KERNEL, bad, Z)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the unchecked run meets inf
 def test_inf_in_dask_z_is_reported_lazily(sync_scheduler):
     bad = Z.copy()
     bad[200, 0] = np.inf
