@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import zarr
 import zarr.errors
+from fsspec.core import url_to_fs
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
@@ -92,8 +93,8 @@ def missing_part(url: str, group: str) -> tuple[str, bool] | None:
     for depth in range(len(parts) + 1):
         path = "/".join(parts[:depth])
         if find_group(url, path) is None:
-            new_location = path == "" and not _fs_path(url)[0].exists(_fs_path(url)[1])
-            return path, new_location
+            fs, location = url_to_fs(url)
+            return path, path == "" and not fs.exists(location)
     return None
 
 
@@ -101,7 +102,7 @@ def remove_created(url: str, created: tuple[str, bool]) -> None:
     """Undo what a failed write created (see :func:`missing_part`), leaving whatever
     was there before untouched."""
     path, new_location = created
-    fs, root = _fs_path(url)
+    fs, root = url_to_fs(url)
     if new_location:
         fs.rm(root, recursive=True)
     elif path == "":  # an existing folder that was not a store: only dkern's own files
@@ -110,13 +111,6 @@ def remove_created(url: str, created: tuple[str, bool]) -> None:
     else:
         parent, _, name = path.rpartition("/")
         del _open(url, parent, "a")[name]
-
-
-def _fs_path(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem of ``url`` and the path in it."""
-    import fsspec
-
-    return fsspec.core.url_to_fs(url)
 
 
 def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Kernels compose: ``c * k``, ``k1 + k2``, ``k1 * k2``, ``k ** p``, ``exp(k)``,
 
 from __future__ import annotations
 
+import ast
 import operator
 from typing import Any
 
@@ -39,8 +40,6 @@ def from_repr(text: str) -> Kernel:
     ValueError
         ``text`` is not such an expression, or a kernel rejects its parameters.
     """
-    import ast
-
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as err:
@@ -53,8 +52,6 @@ def from_repr(text: str) -> Kernel:
 
 def _evaluate(node: Any, text: str) -> Any:
     """The value of one node of a kernel expression (see :func:`from_repr`)."""
-    import ast
-
     if isinstance(node, ast.Constant) and _is_number(node.value):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
@@ -82,8 +79,6 @@ def _evaluate(node: Any, text: str) -> Any:
 
 
 def _algebra_allows(op: Any, left: Any, right: Any) -> bool:
-    import ast
-
     if isinstance(op, ast.Add):
         return isinstance(left, Kernel) and isinstance(right, Kernel)
     if isinstance(op, ast.Mult):
