@@ -141,6 +141,9 @@ def test_zarr_input_and_predictions_written_to_a_store(tmp_path):
     with pytest.raises(StoreError, match=r"already has arrays \['pred'\]; pass overwrite=True"):
         model.predict(X_TEST[:10], out=(url, "pred"))
     assert np.array_equal(dkern.io.open_array(url, "pred").compute(), stored)  # untouched
+    with pytest.raises(TypeError, match=r"out must be a \(url, path\) tuple"):
+        model.predict(X_TEST[:10], out=url)
+    model.predict(X_TEST[:10], out=(tmp_path / "other.zarr", "pred"))  # a path-like store
     model.predict(X_TEST[:10], out=(url, "pred"), overwrite=True)
     assert np.array_equal(dkern.io.open_array(url, "pred").compute(), model.predict(X_TEST[:10]))
 

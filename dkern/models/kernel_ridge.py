@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from ..io import write_array
+from ..io import is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.nystrom import NystromOperator
@@ -190,9 +190,9 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         ----------
         X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
         out : (url, path), optional
-            Write the predictions, chunk by chunk, to a new array ``path`` of the
-            store at ``url`` (published atomically by :func:`dkern.io.write_array`)
-            instead of returning them.
+            Write the predictions, chunk by chunk, to the array ``path`` of the store
+            at ``url`` (a str or path-like; published atomically by
+            :func:`dkern.io.write_array`) instead of returning them.
         overwrite : bool, default False
             Replace an array already at ``out``; without it that is refused before any
             work. Readers see the old array until the new one is complete.
@@ -269,8 +269,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
 
 def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, str]:
     """Write ``pred`` to the array ``out = (url, path)``; return ``out``."""
-    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(p, str) for p in out)):
-        raise TypeError(f"out must be a (url, path) tuple of strings, e.g. ('preds.zarr', "
-                        f"'pred'); got {out!r}.")
+    if not is_store_ref(out):
+        raise TypeError(f"out must be a (url, path) tuple: a str or path-like store and a str "
+                        f"array path, e.g. ('preds.zarr', 'pred'); got {out!r}.")
     write_array(pred, *out, overwrite=overwrite)  # refuses a taken name before computing
     return out
