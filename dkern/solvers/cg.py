@@ -11,13 +11,13 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from numbers import Real
 from typing import Any, Protocol
 
 import dask.array as da
 import numpy as np
 
 from ..errors import ConvergenceWarning
+from ._checks import positive_number
 from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
 
 logger = logging.getLogger(__name__)
@@ -116,9 +116,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     max_iter = min(10 * n, 10_000) if max_iter is None else _positive_int(max_iter, "max_iter")
     refresh = REFRESH_EVERY.get(dtype, 50) if refresh_every is None else _positive_int(
         refresh_every, "refresh_every")
-    if not (isinstance(tol, Real) and np.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, e.g. 1e-6; got {tol!r}.")
-    tol = float(tol)
+    tol = positive_number(tol, "tol", ", e.g. 1e-6")
     X0 = da.zeros_like(Bd) if x0 is None else _as_vectors(A, x0, "x0", like=Bd)[0]
     apply = preconditioner.apply if preconditioner is not None else (lambda R: R)
     bar = progress_bar(max_iter, "dkern cg") if progress else None

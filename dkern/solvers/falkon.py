@@ -18,7 +18,6 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from numbers import Real
 from typing import Any
 
 import dask
@@ -28,6 +27,7 @@ import scipy.linalg as sla
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.nystrom import NystromOperator
+from ._checks import positive_number
 from ._iteration import block_cg_loop, progress_bar, stall_advice
 from .sampling import gather_rows
 
@@ -122,11 +122,8 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     # and float32 kernel values (relative error ~1e-7) made pᵀAp negative at n = 10⁶, α = 1e-3.
     op = NystromOperator(kernel, X, centers, backend=backend, dtype=np.float64)
     n, M = op.shape
-    if not (isinstance(alpha, Real) and np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a finite number > 0 (the ridge penalty); got {alpha!r}.")
-    if not (isinstance(tol, Real) and np.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, e.g. 1e-6; got {tol!r}.")
-    alpha, tol = float(alpha), float(tol)
+    alpha = positive_number(alpha, "alpha", " (the ridge penalty)")
+    tol = positive_number(tol, "tol", ", e.g. 1e-6")
     if max_iter is not None and (isinstance(max_iter, bool) or int(max_iter) != max_iter
                                  or max_iter < 1):
         raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}.")

@@ -16,6 +16,7 @@ from dask.base import tokenize
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.base import data_rows
+from ._checks import positive_number
 from .sampling import chunk_sums, gather_rows, sample_rows
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,7 @@ class NystromPreconditioner:
                  pivots: str = "uniform", random_state: Any = None, block_size: int = 16) -> None:
         Xd = data_rows(X)
         n = Xd.shape[0]
-        if not (np.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"alpha must be a finite number > 0 (the diagonal shift); "
-                             f"got {alpha!r}.")
+        alpha = positive_number(alpha, "alpha", " (the diagonal shift)")
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
             raise ValueError(f"rank must be an integer in [1, n={n}]; got {rank!r}.")
         if pivots not in ("uniform", "rpcholesky"):
