@@ -5,13 +5,24 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def cluster_client():
-    """A real ``distributed`` client over two single-threaded worker processes."""
+def _session_cluster():
+    """A LocalCluster with two single-threaded worker processes, started once per session.
+
+    Its client is not made the global default: a test that does not ask for it runs on
+    dask's local scheduler, whatever ran before it."""
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+                      dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
         yield client
+
+
+@pytest.fixture
+def cluster_client(_session_cluster):
+    """A real ``distributed`` client, the scheduler of every dask call in the test."""
+    with dask.config.set(scheduler=_session_cluster):
+        yield _session_cluster
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import pytest
 
 import dkern
 from dkern.backends import resolve_backend
+from dkern.backends.blocks import KeopsBlocks
 from dkern.kernels import Gaussian, Matern
-from dkern.operators import gram as gram_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.keops]
 RNG = np.random.default_rng(3)
@@ -21,13 +21,13 @@ def test_auto_picks_keops_on_a_gpu():
 @pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-12), (np.float32, 1e-5)])
 def test_gpu_matvec_matches_dense_and_really_uses_keops(dtype, tol, monkeypatch):
     calls = []
-    real = gram_module.matvec_block_keops
+    real = KeopsBlocks.kernel_matvec
 
-    def counting(*args):
-        calls.append(args[1].shape)
-        return real(*args)
+    def counting(self, x, z, v, *, kernel):
+        calls.append(z.shape)
+        return real(self, x, z, v, kernel=kernel)
 
-    monkeypatch.setattr(gram_module, "matvec_block_keops", counting)
+    monkeypatch.setattr(KeopsBlocks, "kernel_matvec", counting)
     X, Z = RNG.normal(size=(3001, 5)), RNG.normal(size=(2003, 5))
     V = RNG.normal(size=(2003, 3))
     kernel = Gaussian(1.1) + 0.5 * Matern(2.0, 2.5)

@@ -6,17 +6,27 @@ from __future__ import annotations
 from numbers import Real
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 
-from ..io import as_rows
+from ..io import as_rows, is_lazy
 
 
 def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
               check_finite: bool = True) -> da.Array:
-    """X as a row-chunked float dask array (float32 stays float32, anything else float64)."""
+    """X as a row-chunked float dask array (float32 stays float32, anything else float64).
+
+    In-memory (numpy) input is persisted: on a distributed cluster its chunks are
+    sent to the workers once, and every later graph built on it (one per solver
+    iteration) names them by key instead of carrying the data again.
+    """
     Xd = as_rows(X, name=name, dtype=dtype, check_finite=check_finite)
-    return Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
+    Xd = Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
+    if is_lazy(X):
+        return Xd
+    (Xd,) = dask.persist(Xd)
+    return Xd
 
 
 class Operator:

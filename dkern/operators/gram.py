@@ -1,9 +1,10 @@
 """The lazy Gram operator ``K(X, Z)`` over dask row chunks; never materialised.
 
-``op @ V`` is one ``blockwise`` task per (row chunk of X, row chunk of Z): each
-evaluates its kernel block times its block of V (tiled by the backend, so a
-task's memory is bounded whatever the chunk sizes) and returns an (n_i, t)
-partial sum; a tree ``reduction`` adds the partial sums over Z's chunks.
+``op @ V`` is :func:`~dkern.operators.pairwise.pairwise_reduce` with the
+backend's ``kernel_matvec`` block: one task per (row chunk of X, row chunk of
+Z) evaluates its kernel block times its block of V (tiled by the backend, so a
+task's memory is bounded whatever the chunk sizes), and a tree reduction adds
+the partial sums over Z's chunks.
 """
 
 from __future__ import annotations
@@ -14,22 +15,10 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from ..backends import matvec_block_keops, matvec_block_numpy, resolve_backend
+from ..backends import block_backend, resolve_backend
 from ..kernels import Kernel, check_n_features
 from .base import Operator, data_rows
-
-
-def gram_matvec_block(x: np.ndarray, z: np.ndarray, v: np.ndarray, *, kernel: Kernel,
-                      backend: str) -> np.ndarray:
-    """One task: ``kernel(x, z) @ v`` as an (n_i, 1, t) float64 partial sum."""
-    if backend == "keops":
-        return matvec_block_keops(kernel, x, z, v)[:, None, :]
-    return matvec_block_numpy(kernel, x, z, v)[:, None, :]
-
-
-def kernel_diag_block(x: np.ndarray, *, kernel: Kernel, out_dtype: np.dtype) -> np.ndarray:
-    """One task: ``kernel.diag(x)``; shape (n_i,)."""
-    return np.asarray(kernel.diag(x), dtype=out_dtype)
+from .pairwise import pairwise_map, pairwise_reduce
 
 
 class GramOperator(Operator):
@@ -44,6 +33,7 @@ class GramOperator(Operator):
     def __init__(self, kernel: Kernel, X: da.Array, Z: da.Array | None, backend: str) -> None:
         check_n_features(kernel, X.shape[1])
         self.kernel, self.X, self.backend = kernel, X, backend
+        self.blocks = block_backend(backend)
         self.Z = X if Z is None else Z
         self.shape = (X.shape[0], self.Z.shape[0])
         self.dtype = X.dtype
@@ -54,13 +44,9 @@ class GramOperator(Operator):
         return self.Z is self.X
 
     def _matvec(self, V: da.Array) -> da.Array:
-        token = tokenize(self.kernel, self.X.name, self.Z.name, V.name, self.backend)
-        parts = da.blockwise(
-            gram_matvec_block, "ijt", self.X, "if", self.Z, "jf", V, "jt",
-            adjust_chunks={"j": 1}, concatenate=True, dtype=np.float64, meta=np.empty((0, 0, 0)),
-            name=f"dkern-gram-{token}", kernel=self.kernel, backend=self.backend)
-        total = da.reduction(parts, np.sum, np.sum, axis=1, dtype=np.float64,
-                             name=f"dkern-gram-sum-{token}")
+        total = pairwise_reduce(self.blocks.kernel_matvec, self.X, self.Z, [(V, "cols")],
+                                over="cols", width=V.shape[1], name="dkern-gram",
+                                kernel=self.kernel)
         return total.astype(self.dtype, copy=False)
 
     def diag(self) -> da.Array:
@@ -68,10 +54,18 @@ class GramOperator(Operator):
         if not self.is_square:
             raise ValueError(f"diag() needs a square operator gram(kernel, X); this one has "
                              f"shape {self.shape} with Z given.")
-        return da.map_blocks(kernel_diag_block, self.X, drop_axis=1, dtype=self.dtype,
+        return da.map_blocks(self.blocks.kernel_diag, self.X, drop_axis=1, dtype=self.dtype,
                              meta=np.empty((0,), self.dtype), kernel=self.kernel,
-                             out_dtype=self.dtype,
                              name=f"dkern-diag-{tokenize(self.kernel, self.X.name)}")
+
+    def kernel_blocks(self) -> da.Array:
+        """The kernel values as a lazy (n, m) dask array, chunked like X's rows by Z's.
+
+        For a few columns (m small): persisting it keeps ``n · m`` values on the
+        cluster; never compute it whole on the client.
+        """
+        return pairwise_map(self.blocks.kernel_block, self.X, self.Z, dtype=self.dtype,
+                            name="dkern-kernel-blocks", kernel=self.kernel)
 
     @property
     def T(self) -> GramOperator:
