@@ -16,8 +16,9 @@ SCHEDULER_ENV = "DKERN_SCHEDULER_ADDRESS"
 
 #: glibc settings for the embedded cluster's worker processes. distributed's nanny sets
 #: MALLOC_TRIM_THRESHOLD_=64 KiB, which also freezes glibc's mmap threshold at 128 KiB: every
-#: 4 MiB kernel tile is then a fresh mmap, zero-filled page by page (measured: 25x the page
-#: faults and a Nystrom pass 2.7x slower than in-process). 32 MiB keeps tiles on the heap.
+#: 4 MiB kernel tile is then a fresh mmap, zero-filled page by page (many times the page
+#: faults, and passes far slower than in-process: benchmarks/RESULTS.md). 32 MiB keeps tiles
+#: on the heap.
 WORKER_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20),
                      "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 

@@ -6,7 +6,7 @@ BLAS fills it, the kernel's elementwise function transforms it in place, and a
 matrix product folds it into the output. Memory traffic, not arithmetic, is
 what a big block pays for; cache-sized tiles avoid it. BLAS runs single-threaded
 inside a task: parallelism comes from dask running tasks side by side, and a
-multithreaded BLAS on tiles this small is slower than one thread (measured 2.5×).
+multithreaded BLAS on tiles this small is slower than one thread (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from threadpoolctl import ThreadpoolController
 from ..kernels import Kernel
 
 #: Default tile: 2048 columns and 4 MiB of kernel values (256 rows in float64,
-#: 512 in float32); the fastest shape measured on cores with 2 MiB of L2.
+#: 512 in float32): a tile that stays in a 2 MiB L2 cache while BLAS fills it.
 TILE_COLS = 2048
 TILE_BYTES = 4 * 2**20
 

@@ -2,8 +2,8 @@
 
 numpy vectorises float64 ``exp`` only on AVX-512 CPUs; on the others (AVX2 laptops
 and servers, ARM) it costs ~5 ns a value, more than the rest of a Gaussian tile
-together. ``fastexp.c`` is a loop the C compiler vectorises (measured 3.1x numpy on
-an AVX2 EPYC, within 1.43 ulp). It is compiled the first time a process needs it,
+together. ``fastexp.c`` is a loop the C compiler vectorises (several times numpy's
+speed there, within a few ulp: benchmarks/RESULTS.md). It is compiled the first time a process needs it,
 like KeOps compiles its formulas, into ``$DKERN_CACHE_DIR`` (default
 ``~/.cache/dkern``) under a name that hashes the source, the flags, the compiler and
 the CPU's features, so a cache shared by different machines never runs code built
