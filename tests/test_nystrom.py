@@ -73,9 +73,11 @@ def blob_and_sparse(n, rng):
 # Uniform picks from the tight blob are near-duplicates at this lengthscale: jitter is expected.
 @pytest.mark.filterwarnings("ignore:K_mm is singular to working precision")
 def test_leverage_centres_beat_uniform_on_uneven_density():
+    """Medians over 8 draws: leverage sampling has a heavy tail (a rare draw leaves a gap in
+    the sparse region), so a mean over few draws tests the random stream, not the method."""
     kernel, alpha, M = Gaussian(0.4), 1e-3, 25
     errors = {"uniform": [], "leverage": []}
-    for seed in range(4):
+    for seed in range(8):
         rng = np.random.default_rng(seed)
         Xtr, ytr = blob_and_sparse(1500, rng)
         Xte, yte = blob_and_sparse(1000, rng)
@@ -84,7 +86,7 @@ def test_leverage_centres_beat_uniform_on_uneven_density():
                                random_state=seed)
             beta = falkon(kernel, Xtr, ytr, C, alpha, tol=1e-6, backend="numpy").beta
             errors[method].append(np.sqrt(np.mean((kernel(Xte, C) @ beta[:, 0] - yte) ** 2)))
-    uniform, leverage = np.mean(errors["uniform"]), np.mean(errors["leverage"])
+    uniform, leverage = np.median(errors["uniform"]), np.median(errors["leverage"])
     assert leverage <= 0.8 * uniform, (leverage, uniform)
 
 
