@@ -253,9 +253,20 @@ def test_ard_lengthscale_feature_mismatch():
 
 def test_check_psd_accepts_valid_and_flags_invalid():
     k = 2.0 * K.Matern(1.0, 1.5) + K.Linear() * K.Polynomial(2)
-    report = K.check_psd(k, X, n=60)
-    want = np.linalg.eigvalsh(k(X[np.sort(np.random.default_rng(0).choice(70, 60, replace=False))]))
-    assert report.is_psd and report.min_eigenvalue == pytest.approx(want[0], rel=1e-8, abs=1e-10)
+    r, dot = np.sqrt(3) * _r(X, X), X @ X.T  # the Gram matrix from the closed forms
+    full = np.linalg.eigvalsh(2.0 * (1 + r) * np.exp(-r) + dot * (dot + 1.0) ** 2)
+    whole = K.check_psd(k, X, n=len(X))  # every row: the Gram matrix's own extremes
+    assert whole.n_samples == 70 and whole.is_psd and whole.tolerance < 1e-6 * full[-1]
+    assert whole.min_eigenvalue == pytest.approx(full[0], abs=whole.tolerance)
+    assert whole.max_eigenvalue == pytest.approx(full[-1], rel=1e-10)
+    # 60 of 70 rows give a principal submatrix: Cauchy interlacing bounds its extremes,
+    # λ_1 <= μ_1 <= λ_11 and λ_60 <= μ_60 <= λ_70, whichever rows were drawn
+    tol = whole.tolerance
+    for seed in (0, 1):
+        report = K.check_psd(k, X, n=60, random_state=seed)
+        assert report.n_samples == 60 and report.is_psd
+        assert full[0] - tol <= report.min_eigenvalue <= full[10] + tol
+        assert full[59] - tol <= report.max_eigenvalue <= full[69] + tol
 
     class Sigmoid(K.Kernel):  # tanh(x·z - 1): a classic non-PSD "kernel"
         def __call__(self, A, B=None):
@@ -263,6 +274,6 @@ def test_check_psd_accepts_valid_and_flags_invalid():
 
     bad = K.check_psd(Sigmoid(), X, n=60)
     assert not bad.is_psd and bad.min_eigenvalue < -1.0
-    assert K.check_psd(k, X.tolist(), n=60) == report  # lists are array-likes too
+    assert K.check_psd(k, X.tolist(), n=60, random_state=1) == report  # lists: array-likes
     with pytest.raises(ValueError, match=r"X must have shape \(n_samples, n_features\)"):
         K.check_psd(k, X[:, 0])

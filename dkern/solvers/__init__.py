@@ -10,9 +10,10 @@ from .centers import select_centers
 from .cg import CGResult, cg
 from .exact import EXACT_MAX_N, exact_solve
 from .falkon import NystromResult, falkon
-from .preconditioners import JacobiPreconditioner, NystromPreconditioner
+from .preconditioners import FalkonPreconditioner, JacobiPreconditioner, NystromPreconditioner
 
 __all__ = [
-    "EXACT_MAX_N", "CGResult", "JacobiPreconditioner", "NystromPreconditioner", "NystromResult",
+    "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner",
+    "NystromPreconditioner", "NystromResult",
     "cg", "exact_solve", "falkon", "select_centers",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 
@@ -16,3 +16,17 @@ def positive_number(value: Any, name: str, hint: str) -> float:
     if not (math.isfinite(number) and number > 0):
         raise ValueError(f"{name} must be a finite number > 0{hint}; got {value!r}.")
     return number
+
+
+def integer(value: Any, name: str, *, low: int = 1, high: int | None = None,
+            hint: str = "") -> int:
+    """``value`` as an int if it is an integer in ``[low, high]``, else a ``ValueError``.
+
+    Booleans are refused (``True`` is an int to Python, never a count to a user);
+    ``hint`` ends the message, e.g. ``" Use n_centers <= 400."``.
+    """
+    ok = isinstance(value, Integral) and not isinstance(value, bool)
+    if not (ok and low <= value and (high is None or value <= high)):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {bounds}; got {value!r}.{hint}")
+    return int(value)

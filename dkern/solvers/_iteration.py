@@ -24,8 +24,8 @@ the true ``B − AX`` every ``refresh_every`` steps and before stopping
 (van der Vorst & Ye 2000, "Residual replacement strategies"), so the history's
 last row and the convergence flags are always true residuals.
 
-Rounding in ``A`` bounds the true residual from below (Falkon at n = 10⁶ with
-an ill-conditioned ``K_mm``: about 1e-6). A column *stalls* there, and stops
+Rounding in ``A`` bounds the true residual from below (Falkon with an
+ill-conditioned ``K_mm``, float32 products). A column *stalls* there, and stops
 with ``converged = False``, when a check of its true residual fails tol and
 either finds it over ``STALL_GAP`` times the recursive one (the updates fell
 below rounding) or not ``STALL_GAIN`` times smaller than at its previous failed
@@ -99,6 +99,22 @@ def _check_finite(values: Scalars, k: int) -> None:
                 "(check the data, the kernel parameters and alpha); no solution is returned.")
 
 
+def _check_preconditioner(gamma: np.ndarray, active: np.ndarray, k: int, name: str) -> None:
+    """Raise unless ``γ = rᵀM r > 0`` on every active column (``r ≠ 0`` there).
+
+    An indefinite M breaks CG's recurrences without any other sign: β = γ / γ_old
+    and the step length stay finite, and the iterate goes wherever they lead.
+    """
+    bad = active & ~(gamma > 0)
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise NotPositiveDefiniteError(
+            f"CG iteration {k}: rᵀMr = {gamma[j]:.3e} <= 0 for right-hand side column {j}, so "
+            f"the preconditioner {name} is not positive definite and CG would return a wrong "
+            "solution. Its apply(R) must be an SPD approximation of A⁻¹: fix it, or use "
+            "JacobiPreconditioner / NystromPreconditioner, or no preconditioner.")
+
+
 def _direction_step(s: Scalars, gamma_old: np.ndarray, restart: np.ndarray,
                     active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """β per column (0 for ``restart`` and inactive columns) and the fused ``p'ᵀAp'``."""
@@ -121,78 +137,132 @@ def _step_length(rp: np.ndarray, pAp: np.ndarray, active: np.ndarray, k: int) ->
         return np.where(active, rp / pAp, 0.0)
 
 
+class _LoopState:
+    """What block CG carries from one iteration to the next, and its step functions.
+
+    Vectors (each (n, t), persisted): the iterate X, residual R, direction P and
+    ``S = A P``. Per-column arrays (t,): ``gamma_old``, the activity of the last
+    step, the stall flags and the relative residuals ``rel`` of the latest check.
+    """
+
+    def __init__(self, matvec: Callable[[Vectors], Vectors], B: Vectors, X: Vectors,
+                 x0_given: bool) -> None:
+        self.matvec, self.B = matvec, B
+        (bnorm,) = dask.compute(np.sqrt(_dot(B, B)))
+        self.bnorm = np.where(bnorm > 0, bnorm, 1.0)  # a zero column is solved by x = 0 at once
+        R = B - matvec(X) if x0_given else B
+        self.X, self.R = dask.persist(X, R)
+        self.P: Vectors = None
+        self.S: Vectors = None
+        self.gamma_old = np.ones_like(self.bnorm)
+        self.was_active = np.zeros(self.bnorm.shape, dtype=bool)
+        self.stalled = np.zeros(self.bnorm.shape, dtype=bool)
+        self.last_failed = np.full(self.bnorm.shape, np.inf)  # true residual at last failed check
+        self.rel = np.full(self.bnorm.shape, np.inf)
+        self.replaced: list[tuple[int, np.ndarray]] = []  # (iteration, true residual)
+        self.history: list[np.ndarray] = []
+        self.k, self.since_refresh = 0, 0
+        self.is_true, self.verify, self.replacing = True, False, False
+
+    def replace_residual(self) -> None:
+        """Residual replacement: R = B − A X, before this step's matvecs."""
+        # s = A p is recursive too (s' = w + βs) and drifts like r: refresh both
+        self.R, self.S = dask.persist(self.B - self.matvec(self.X),
+                                      self.matvec(self.P) if self.P is not None else None)
+        self.is_true, self.since_refresh, self.replacing = True, 0, True
+
+    def confirm(self) -> None:
+        """The recursive residual says stop: replace it by the true one, checked next."""
+        (self.R,) = dask.persist(self.B - self.matvec(self.X))
+        self.is_true, self.since_refresh, self.verify = True, 0, True
+
+    def check_true(self, tol: float, max_iter: int) -> bool:
+        """Judge the refreshed residual alone; True when the loop is to stop."""
+        (rho,) = dask.compute(_dot(self.R, self.R))
+        _check_finite(Scalars(*[rho] * 6), self.k)
+        recursive, self.rel = self.rel, np.sqrt(rho) / self.bnorm
+        self.history[self.k:] = [self.rel]
+        failed = self.rel > tol
+        self.stalled |= failed & ((self.rel > STALL_GAP * recursive)
+                                  | (self.rel > STALL_GAIN * self.last_failed))
+        self.last_failed = np.where(failed, self.rel, np.inf)
+        self.verify = False
+        return not (failed & ~self.stalled).any() or self.k >= max_iter
+
+    def scalars(self, U: Vectors, W: Vectors) -> Scalars:
+        """Every inner product of the iteration, in one ``dask.compute``."""
+        R, P, S = self.R, self.P, self.S
+        lazy = [_dot(R, R), _dot(R, U), _dot(U, W)]
+        lazy += [_dot(U, S), _dot(P, S), _dot(R, P)] if P is not None else [0 * self.bnorm] * 3
+        s = Scalars(*(np.asarray(v, dtype=np.float64) for v in dask.compute(*lazy)))
+        _check_finite(s, self.k)
+        return s
+
+    def judge(self, rho: np.ndarray, tol: float) -> np.ndarray:
+        """Record the residuals ``√ρ / ‖b‖`` and return the columns still active."""
+        self.rel = np.sqrt(np.maximum(rho, 0.0)) / self.bnorm
+        self.history[self.k:] = [self.rel]
+        if self.replacing:
+            self.stalled |= (self.rel > tol) & _no_gain_since(
+                self.replaced, self.k - STALL_WINDOW, self.rel)
+            self.replaced.append((self.k, self.rel))
+            self.replacing = False
+        return (self.rel > tol) & ~self.stalled
+
+    def step(self, s: Scalars, U: Vectors, W: Vectors, active: np.ndarray) -> None:
+        """New direction ``p' = u + βp``, ``s' = w + βs`` and the step along it."""
+        beta, pAp = _direction_step(s, self.gamma_old, ~self.was_active, active)
+        dtype = self.R.dtype
+        P = U if self.P is None else U + self.P * beta.astype(dtype)
+        S = W if self.S is None else W + self.S * beta.astype(dtype)
+        if (active & (pAp <= TRUST[np.dtype(dtype)] * s.delta)).any():
+            # the fused p'ᵀAp' cancelled below the vectors' precision: take it directly
+            P, S = dask.persist(P, S)
+            (pAp,) = dask.compute(_dot(P, S))
+        alpha = _step_length(s.gamma + beta * s.rp, pAp, active, self.k).astype(dtype)
+        X, R = self.X + P * alpha, self.R - S * alpha
+        self.X, self.R, self.P, self.S = dask.persist(X, R, P, S)
+        self.gamma_old = np.where(active, s.gamma, self.gamma_old)
+        self.was_active = active
+        self.k, self.since_refresh, self.is_true = self.k + 1, self.since_refresh + 1, False
+
+    def result(self, tol: float) -> LoopResult:
+        last = self.history[-1]
+        return LoopResult(self.X, self.k, np.vstack(self.history), last <= tol,
+                          self.stalled & (last > tol))
+
+
 def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vectors], Vectors],
                   B: Vectors, X: Vectors, *, x0_given: bool, tol: float, max_iter: int,
                   refresh_every: int,
                   callback: Callable[[int, np.ndarray], None] | None = None,
-                  progress: Any = None) -> LoopResult:
-    """Run block PCG from X on ``A X = B``; see the module docstring for the algorithm."""
-    (bnorm,) = dask.compute(np.sqrt(_dot(B, B)))
-    bnorm = np.where(bnorm > 0, bnorm, 1.0)  # a zero column is solved by x = 0 at once
-    R = B - matvec(X) if x0_given else B
-    X, R = dask.persist(X, R)
-    P = S = None
-    gamma_old = np.ones_like(bnorm)
-    was_active = np.zeros(bnorm.shape, dtype=bool)
-    stalled = np.zeros(bnorm.shape, dtype=bool)
-    last_failed = np.full(bnorm.shape, np.inf)  # true residual at the column's last failed check
-    rel = np.full(bnorm.shape, np.inf)  # relative residuals of the latest check
-    replaced: list[tuple[int, np.ndarray]] = []  # (iteration, true residual) at replacements
-    history: list[np.ndarray] = []
-    k, since_refresh, is_true, verify, replacing = 0, 0, True, False, False
+                  progress: Any = None, precond_name: str = "") -> LoopResult:
+    """Run block PCG from X on ``A X = B``; see the module docstring for the algorithm.
+
+    B is persisted first: the residual refreshes re-read it, and a B read from a
+    store would otherwise be read (and verified) again at each. ``precond_name``
+    names the preconditioner in the error raised when ``rᵀMr <= 0``.
+    """
+    (B,) = dask.persist(B)
+    st = _LoopState(matvec, B, X, x0_given)
     while True:
-        if since_refresh >= refresh_every:  # residual replacement, before this step's matvecs
-            # s = A p is recursive too (s' = w + βs) and drifts like r: refresh both
-            R, S = dask.persist(B - matvec(X), matvec(P) if P is not None else None)
-            is_true, since_refresh, replacing = True, 0, True
-        if verify:  # a refreshed residual after the recursive one said "stop": check it alone
-            (rho,) = dask.compute(_dot(R, R))
-            _check_finite(Scalars(*[rho] * 6), k)
-            recursive, rel = rel, np.sqrt(rho) / bnorm
-            history[k:] = [rel]
-            failed = rel > tol
-            stalled |= failed & ((rel > STALL_GAP * recursive) | (rel > STALL_GAIN * last_failed))
-            last_failed = np.where(failed, rel, np.inf)
-            active, verify = failed & ~stalled, False
-            if not active.any() or k >= max_iter:
-                break
-        U = precond(R)
-        W = matvec(U)
-        U, W = dask.persist(U, W)
-        lazy = [_dot(R, R), _dot(R, U), _dot(U, W)]
-        lazy += [_dot(U, S), _dot(P, S), _dot(R, P)] if P is not None else [0 * bnorm] * 3
-        s = Scalars(*(np.asarray(v, dtype=np.float64) for v in dask.compute(*lazy)))
-        _check_finite(s, k)
-        rel = np.sqrt(np.maximum(s.rho, 0.0)) / bnorm
-        history[k:] = [rel]
-        if replacing:
-            stalled |= (rel > tol) & _no_gain_since(replaced, k - STALL_WINDOW, rel)
-            replaced.append((k, rel))
-            replacing = False
-        active = (rel > tol) & ~stalled
-        _report(k, rel, active, callback, progress)
-        done = not active.any() or k >= max_iter
-        if done and is_true:
+        if st.since_refresh >= refresh_every:
+            st.replace_residual()
+        if st.verify and st.check_true(tol, max_iter):
             break
-        if done:  # the recursive residual says stop: confirm with the true one B - A X
-            (R,) = dask.persist(B - matvec(X))
-            is_true, since_refresh, verify = True, 0, True
+        U = precond(st.R)
+        U, W = dask.persist(U, matvec(U))
+        s = st.scalars(U, W)
+        active = st.judge(s.rho, tol)
+        _check_preconditioner(s.gamma, active, st.k, precond_name or "in use")
+        _report(st.k, st.rel, active, callback, progress)
+        if not active.any() or st.k >= max_iter:
+            if st.is_true:
+                break
+            st.confirm()
             continue
-        beta, pAp = _direction_step(s, gamma_old, ~was_active, active)
-        P = U if P is None else U + P * beta.astype(R.dtype)
-        S = W if S is None else W + S * beta.astype(R.dtype)
-        if (active & (pAp <= TRUST[np.dtype(R.dtype)] * s.delta)).any():
-            # the fused p'ᵀAp' cancelled below the vectors' precision: take it directly
-            P, S = dask.persist(P, S)
-            (pAp,) = dask.compute(_dot(P, S))
-        alpha = _step_length(s.gamma + beta * s.rp, pAp, active, k).astype(R.dtype)
-        X, R = X + P * alpha, R - S * alpha
-        X, R, P, S = dask.persist(X, R, P, S)
-        gamma_old = np.where(active, s.gamma, gamma_old)
-        was_active = active
-        k, since_refresh, is_true = k + 1, since_refresh + 1, False
-    last = history[-1]
-    return LoopResult(X, k, np.vstack(history), last <= tol, stalled & (last > tol))
+        st.step(s, U, W, active)
+    return st.result(tol)
 
 
 def _no_gain_since(replaced: list[tuple[int, np.ndarray]], k: int, rel: np.ndarray) -> np.ndarray:

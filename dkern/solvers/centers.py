@@ -19,6 +19,13 @@ centres are sampled from them chunk-then-row, so no n-vector reaches the client.
 The levels before it score at most ``POOL_MAX`` candidates against at most
 ``DICT_MAX`` dictionary rows (4,000 × 2,000 kernel entries, whatever n is): that
 work is of the size of the M × M factors and runs where they live, on the client.
+
+Passes over X: the level schedule α_0 > α_1 > … > alpha is fixed once the first
+row is drawn, and each level's candidates are a uniform draw independent of the
+scores, so the candidates of all levels are drawn up front and gathered in one
+pass. The whole selection reads X's chunks at most: one chunk (the first row),
+one pass (all candidates), one pass (the final scores), and the chunks holding
+the M chosen rows.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dask.base import tokenize
 from ..backends import resolve_backend
 from ..kernels import Kernel
 from ..operators.base import data_rows
+from ._checks import integer, positive_number
 from .sampling import gather_rows, sample_distinct
 
 logger = logging.getLogger(__name__)
@@ -64,7 +72,8 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
     Parameters
     ----------
     X : array-like of shape (n, d)
-        numpy, dask or Zarr; only the chosen rows (and, for leverage, one pass) are read.
+        numpy, dask or Zarr; only the chosen rows are read (for leverage also: one row,
+        the candidate rows of every level in one pass, and one pass for the scores).
     n_centers : int, optional
         M, 1 <= M <= n. Default ``round(√n)``, at most ``MAX_DEFAULT_CENTERS`` (10 000).
     method : {"uniform", "leverage"}, default="uniform"
@@ -83,28 +92,28 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
     """
     Xd = data_rows(X)
     n = Xd.shape[0]
-    M = min(max(1, round(math.sqrt(n))), MAX_DEFAULT_CENTERS) if n_centers is None else n_centers
-    if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or not 1 <= M <= n:
-        raise ValueError(f"n_centers must be an integer in [1, n={n}] (centres are distinct rows "
-                         f"of X); got {n_centers!r}. Use n_centers <= {n}.")
+    M = min(max(1, round(math.sqrt(n))), MAX_DEFAULT_CENTERS) if n_centers is None else integer(
+        n_centers, "n_centers", high=n,
+        hint=f" Centres are distinct rows of X: use n_centers <= n = {n}.")
     if method not in ("uniform", "leverage"):
         raise ValueError(f"method must be 'uniform' or 'leverage'; got {method!r}.")
     resolve_backend(backend)
     rng = np.random.default_rng(random_state)
     if method == "uniform":
-        return gather_rows(Xd, np.sort(rng.choice(n, size=int(M), replace=False)))
+        return gather_rows(Xd, np.sort(rng.choice(n, size=M, replace=False)))
     if not isinstance(kernel, Kernel):
         raise ValueError(f"method='leverage' needs kernel=, a dkern kernel; got {kernel!r}.")
-    if alpha is None or not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"method='leverage' needs alpha > 0, the ridge penalty of the problem "
-                         f"the centres are for; got {alpha!r}.")
-    Z, Linv = _bless_dictionary(kernel, Xd, float(alpha), rng)
+    if alpha is None:
+        raise ValueError("method='leverage' needs alpha > 0, the ridge penalty of the problem "
+                         "the centres are for; got None.")
+    alpha = positive_number(alpha, "alpha", " (the ridge penalty of the problem)")
+    Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng)
     scores = da.map_blocks(leverage_block, Xd, drop_axis=1, dtype=np.float64,
                            meta=np.empty((0,)),
-                           kernel=kernel, Z=Z, Linv=Linv, alpha=float(alpha),
+                           kernel=kernel, Z=Z, Linv=Linv, alpha=alpha,
                            name=f"dkern-leverage-{tokenize(kernel, Xd.name, Z, alpha)}")
     (scores,) = dask.persist(scores)
-    return gather_rows(Xd, np.sort(sample_distinct(scores, int(M), rng)))
+    return gather_rows(Xd, np.sort(sample_distinct(scores, M, rng)))
 
 
 def _dictionary_factor(kernel: Kernel, Z: np.ndarray, weights: np.ndarray,
@@ -122,18 +131,29 @@ def _bless_dictionary(kernel: Kernel, Xd: da.Array, alpha: float,
     pool = min(n, POOL_MAX)
     Z = gather_rows(Xd, rng.choice(n, size=1))
     weights = np.array([1.0 / n])  # one uniform draw: m p_j / c_j = 1 · (1/n) / 1
-    level = n * float(np.mean(kernel.diag(Z)))  # Alg. 1 line 1: α_0 with d_eff(α_0) <= 1
-    while True:
-        level = max(alpha, level / SHRINK)  # line 3: shrink the regularisation
-        cand = gather_rows(Xd, np.sort(rng.choice(n, size=pool, replace=False)))  # line 4
+    levels = _schedule(n * float(np.mean(kernel.diag(Z))), alpha)  # Alg. 1 lines 1, 3
+    # line 4 of every level: uniform candidates, independent of the scores, so drawn up
+    # front and read in one pass over X
+    draws = [rng.choice(n, size=pool, replace=False) for _ in levels]
+    rows, where = np.unique(np.concatenate(draws), return_inverse=True)
+    gathered = gather_rows(Xd, rows)
+    for h, level in enumerate(levels):
+        cand = gathered[where[h * pool:(h + 1) * pool]]
         scores = leverage_block(cand, kernel=kernel, Z=Z,
                                 Linv=_dictionary_factor(kernel, Z, weights, level), alpha=level)
         d_eff = n * scores.mean()  # line 5: Σ_i ℓ(i) estimated from uniform candidates
         m = int(min(DICT_MAX, pool, max(1, math.ceil(OVERSAMPLE * d_eff))))
-        draws = rng.choice(pool, size=m, p=scores / scores.sum())  # line 6: resample ∝ ℓ̃
-        picked, counts = np.unique(draws, return_counts=True)
+        picks = rng.choice(pool, size=m, p=scores / scores.sum())  # line 6: resample ∝ ℓ̃
+        picked, counts = np.unique(picks, return_counts=True)
         Z, weights = cand[picked], m * (scores[picked] / d_eff) / counts
         logger.debug("BLESS level alpha=%.3e: d_eff≈%.1f, dictionary of %d rows", level, d_eff,
                      len(Z))
-        if level <= alpha:
-            return Z, _dictionary_factor(kernel, Z, weights, alpha)
+    return Z, _dictionary_factor(kernel, Z, weights, alpha)
+
+
+def _schedule(start: float, alpha: float) -> list[float]:
+    """The levels ``α_h = max(alpha, start / SHRINK^h)``, h >= 1, down to alpha."""
+    levels = [max(alpha, start / SHRINK)]
+    while levels[-1] > alpha:
+        levels.append(max(alpha, levels[-1] / SHRINK))
+    return levels

@@ -17,13 +17,13 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ConvergenceWarning
-from ._checks import positive_number
+from ._checks import integer, positive_number
 from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
 
 logger = logging.getLogger(__name__)
 
 #: Steps between true-residual refreshes: float32's recursive residual drifts
-#: from the true one within a few dozen steps (1e-24 recursive vs 7e-6 true was measured).
+#: away from the true one within a few dozen steps (benchmarks/RESULTS.md, "Solver notes").
 REFRESH_EVERY = {np.dtype(np.float64): 50, np.dtype(np.float32): 10}
 
 
@@ -80,11 +80,13 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
         E.g. ``dkern.gram(kernel, X) + alpha`` (``(K + alpha I)``, the same
         ``alpha`` scikit-learn's ``KernelRidge`` adds to the diagonal).
     B : array-like of shape (n,) or (n, t)
-        numpy or dask; each column is a right-hand side with its own stopping test.
+        numpy or dask (e.g. read from Zarr); each column is a right-hand side with its own
+        stopping test. It is persisted on the cluster at the start, so it is read once.
     x0 : array-like of shape like B, optional
         Starting guess; zero by default.
     preconditioner : object with ``apply(R)``, optional
-        E.g. :class:`JacobiPreconditioner` or :class:`NystromPreconditioner`.
+        E.g. :class:`JacobiPreconditioner` or :class:`NystromPreconditioner`; ``apply``
+        must be symmetric positive definite, which is checked as CG runs.
     tol : float, default=1e-6
         Relative residual each column must reach; > 0. A column whose true residual
         stops falling above tol (rounding in ``A`` sets a floor) stops there, unconverged,
@@ -106,24 +108,26 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     Raises
     ------
     NotPositiveDefiniteError
-        When a direction has ``pᵀAp <= 0``.
+        When a direction has ``pᵀAp <= 0`` (A is not positive definite), or a residual
+        has ``rᵀ M r <= 0`` (the preconditioner M is not positive definite).
     DkernError
         When an inner product becomes NaN or infinite.
     """
     n = _check_square(A)
     dtype = np.dtype(A.dtype)
     Bd, one_column = _as_vectors(A, B, "B")
-    max_iter = min(10 * n, 10_000) if max_iter is None else _positive_int(max_iter, "max_iter")
-    refresh = REFRESH_EVERY.get(dtype, 50) if refresh_every is None else _positive_int(
+    max_iter = min(10 * n, 10_000) if max_iter is None else integer(max_iter, "max_iter")
+    refresh = REFRESH_EVERY.get(dtype, 50) if refresh_every is None else integer(
         refresh_every, "refresh_every")
     tol = positive_number(tol, "tol", ", e.g. 1e-6")
     X0 = da.zeros_like(Bd) if x0 is None else _as_vectors(A, x0, "x0", like=Bd)[0]
     apply = preconditioner.apply if preconditioner is not None else (lambda R: R)
+    name = type(preconditioner).__name__ if preconditioner is not None else "(none)"
     bar = progress_bar(max_iter, "dkern cg") if progress else None
     try:
         out = block_cg_loop(A.matvec, apply, Bd, X0, x0_given=x0 is not None,
                             tol=float(tol), max_iter=max_iter, refresh_every=refresh,
-                            callback=callback, progress=bar)
+                            callback=callback, progress=bar, precond_name=name)
     finally:
         if bar is not None:
             bar.close()
@@ -174,12 +178,6 @@ def _finite_block(block: np.ndarray, name: str) -> np.ndarray:
         raise ValueError(f"{name} contains NaN or infinity; CG would return NaN. Clean the "
                          "right-hand side first.")
     return block
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
-    return int(value)
 
 
 def _warn_if_not_converged(out: LoopResult, tol: float) -> None:

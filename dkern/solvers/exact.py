@@ -10,9 +10,9 @@ import scipy.linalg as sla
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
 
-#: Largest n exact_solve accepts: the OpenBLAS in the numpy/scipy wheels was seen to
-#: segfault in multithreaded Cholesky above n ≈ 15 800; 12 000 leaves a margin
-#: (and K alone is 1.15 GB in float64).
+#: Largest n exact_solve accepts: the OpenBLAS in the numpy/scipy wheels can segfault in
+#: multithreaded Cholesky at larger n (benchmarks/RESULTS.md, "Solver notes"); this limit
+#: leaves a margin (and K alone is 1.15 GB in float64).
 EXACT_MAX_N = 12_000
 
 
@@ -50,9 +50,9 @@ def exact_solve(kernel: Kernel, X: Any, y: Any, alpha: float) -> np.ndarray:
     n = Xn.shape[0]
     if n > EXACT_MAX_N:
         raise ValueError(f"exact_solve holds the dense {n} x {n} kernel matrix and is limited to "
-                         f"n <= {EXACT_MAX_N} (dense Cholesky in the bundled OpenBLAS crashes "
-                         "above ~15 800); use solver='cg' (dkern.solvers.cg) or solver='nystrom' "
-                         "(dkern.solvers.falkon) for larger data.")
+                         f"n <= {EXACT_MAX_N} (dense Cholesky in the bundled OpenBLAS can "
+                         "crash for larger n); use solver='cg' (dkern.solvers.cg) or "
+                         "solver='nystrom' (dkern.solvers.falkon) for larger data.")
     if yn.ndim not in (1, 2) or yn.shape[0] != n:
         raise ValueError(f"y must have shape ({n},) or ({n}, t), one row per row of X; got "
                          f"shape {yn.shape}.")

@@ -7,9 +7,18 @@ The preconditioner is Falkon's (Rudi, Carratino & Rosasco 2017) with one change:
 Falkon approximates ``K_nmᵀ K_nm`` by ``(n / M) K_mm²``, i.e. it uses the centres
 as a sample of the data; dkern estimates it from a larger uniform sample of s
 rows, ``(n / s) K_smᵀ K_sm`` (sketch-and-precondition: Rokhlin & Tygert 2008;
-Avron, Clarkson & Woodruff 2017 for kernel ridge regression). Measured on the
-synthetic store, n = 200,000, M = 2,000, α = 1e-3: 13 iterations to tol = 1e-6
-with s = 20,000, against 30 iterations reaching only 3e-4 with the centres.
+Avron, Clarkson & Woodruff 2017 for kernel ridge regression). M centres estimate
+``K_nmᵀ K_nm`` poorly (and not at all without bias when they were chosen by
+leverage), while s ≈ 10 M rows cost about one CG iteration to use and cut the
+iterations several-fold (benchmarks/RESULTS.md, "Solver notes").
+
+When K_mm is singular to working precision (duplicate or near-duplicate
+centres), no jitter is added: β is sought in K_mm's numerical range, which loses
+nothing of the stated ridge problem (a direction v with ``K_mm v = 0`` is the
+function ``Σ_j v_j k(c_j, ·)`` of RKHS norm ``vᵀ K_mm v = 0``, so ``K_nm v = 0``
+too). Adding jitter to K_mm would solve a different problem; adding it to the
+preconditioner only would leave CG a singular system whose null space rounding
+makes indefinite.
 """
 
 from __future__ import annotations
@@ -27,14 +36,19 @@ import scipy.linalg as sla
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.nystrom import NystromOperator
-from ._checks import positive_number
-from ._iteration import block_cg_loop, progress_bar, stall_advice
+from ._checks import integer, positive_number
+from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
+from .preconditioners import FalkonPreconditioner, factor_solve_t
 from .sampling import gather_rows
 
 logger = logging.getLogger(__name__)
 
-#: Jitter tried on K_mm's diagonal, as fractions of its mean diagonal, when Cholesky fails.
-JITTERS = (1e-10, 1e-8, 1e-6)
+#: Eigenvalues of K_mm up to ``RANK_RTOL · M · λ_max`` are rounding noise (numpy's
+#: ``matrix_rank`` rule), and so are those up to |λ_min| when λ_min < 0 (a kernel evaluated
+#: to limited precision): their directions are dropped when K_mm's Cholesky fails.
+RANK_RTOL = np.finfo(np.float64).eps
+#: A K_mm with an eigenvalue below ``-NOISE_MAX · mean(diag)`` is not PSD, not noisy.
+NOISE_MAX = 1e-6
 #: Falkon usually converges in tens of iterations; more means a badly conditioned problem.
 DEFAULT_MAX_ITER = 200
 #: K_nm up to this size (over all workers) is computed once and kept on the cluster, so each
@@ -60,14 +74,21 @@ class NystromResult:
         Coefficients of the centres: predictions are ``K(X_new, centers) @ beta``.
     n_iter : int
     residuals : ndarray of shape (n_iter + 1, t)
-        Relative residuals of the preconditioned system; the last row is recomputed.
+        Relative residuals of the *preconditioned* system CG solves,
+        ``‖Bᵀ(K_nmᵀ y − H β)‖ / ‖Bᵀ K_nmᵀ y‖`` with ``H = K_nmᵀ K_nm + alpha K_mm``
+        and B the preconditioner; ``tol`` applies to these. The last row is recomputed.
     converged : ndarray of bool, shape (t,)
+        Whether each column's last preconditioned residual is <= ``tol``.
+    normal_residuals : ndarray of shape (t,)
+        Relative residuals of the unpreconditioned normal equations,
+        ``‖K_nmᵀ y − H β‖ / ‖K_nmᵀ y‖``, from one more pass over X after the solve.
     """
 
     beta: np.ndarray
     n_iter: int
     residuals: np.ndarray
     converged: np.ndarray
+    normal_residuals: np.ndarray
 
 
 def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: float = 1e-6,
@@ -94,8 +115,10 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     alpha : float
         Ridge penalty, > 0.
     tol : float, default=1e-6
-        Relative residual of the preconditioned system; a stall above it (rounding floor)
-        stops the solve with a ConvergenceWarning naming the reachable tol.
+        Relative residual CG must reach on the *preconditioned* system (``residuals``).
+        The unpreconditioned residual of the normal equations, ``normal_residuals``, can
+        be larger by up to the preconditioner's condition number. A stall above tol
+        (rounding floor) stops the solve with a ConvergenceWarning naming the reachable tol.
     max_iter : int, optional
         Default ``DEFAULT_MAX_ITER`` (200); Falkon typically needs tens of iterations.
     backend : {"auto", "numpy", "keops"}, default="auto"
@@ -116,57 +139,68 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     Returns
     -------
     NystromResult
-        ``beta`` (M, t), ``n_iter``, ``residuals`` (n_iter + 1, t), ``converged`` (t,).
+        ``beta`` (M, t), ``n_iter``, ``residuals`` (n_iter + 1, t), ``converged`` (t,),
+        ``normal_residuals`` (t,).
     """
     # float64 whatever the stored dtype: the normal equations square K's condition number,
-    # and float32 kernel values (relative error ~1e-7) made pᵀAp negative at n = 10⁶, α = 1e-3.
+    # and float32 kernel values made pᵀAp negative on ill-conditioned problems.
     op = NystromOperator(kernel, X, centers, backend=backend, dtype=np.float64)
     n, M = op.shape
     alpha = positive_number(alpha, "alpha", " (the ridge penalty)")
     tol = positive_number(tol, "tol", ", e.g. 1e-6")
-    if max_iter is not None and (isinstance(max_iter, bool) or int(max_iter) != max_iter
-                                 or max_iter < 1):
-        raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}.")
-    if op.cache_blocks(cache_bytes):
+    max_iter = DEFAULT_MAX_ITER if max_iter is None else integer(max_iter, "max_iter")
+    s = sketch_size(n, M) if sketch_rows is None else integer(sketch_rows, "sketch_rows", low=0)
+    if op.cache_blocks(integer(cache_bytes, "cache_bytes", low=0)):
         logger.info("falkon: K_nm (%d x %d) cached on the workers", *op.shape)
-    s = sketch_size(n, M) if sketch_rows is None else int(sketch_rows)
     sample = None
     if s > M:
         rng = np.random.default_rng(random_state)
         sample = gather_rows(op.X, np.sort(rng.choice(n, size=min(s, n), replace=False)))
-    T, A = falkon_factors(kernel, op.C, alpha, n, sample)
+    T, A, basis = falkon_factors(kernel, op.C, alpha, n, sample)
+    pre = FalkonPreconditioner(T, A, n, basis)
     (Kty,) = dask.compute(op.rmatvec(y))  # shape: (M, t)
-
-    def precondition(v: np.ndarray) -> np.ndarray:  # β = B v with B = T⁻¹ A⁻¹ / √n
-        return sla.solve_triangular(T, sla.solve_triangular(A, v), check_finite=False) / np.sqrt(n)
-
-    def precondition_t(v: np.ndarray) -> np.ndarray:  # Bᵀ v
-        w = sla.solve_triangular(T, v, trans="T", check_finite=False)
-        return sla.solve_triangular(A, w, trans="T", check_finite=False) / np.sqrt(n)
-
-    def system(v: np.ndarray) -> np.ndarray:  # Bᵀ (K_nmᵀ K_nm + α K_mm) B v, one pass over X
-        b = precondition(v)
-        (normal,) = dask.compute(op.normal_matvec(b))
-        return precondition_t(normal + alpha * (T.T @ (T @ b)))
-
-    rhs = precondition_t(Kty)
-    max_iter = int(max_iter or DEFAULT_MAX_ITER)
-    bar = progress_bar(max_iter, "dkern falkon") if progress else None
-    try:
-        out = block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
-                            tol=float(tol), max_iter=max_iter, refresh_every=50,
-                            callback=callback, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
+    out = _solve(op, pre, alpha, Kty, tol, max_iter, callback, progress)
+    beta = pre.apply(out.x)
+    normal = _normal_residuals(op, pre, alpha, Kty, beta)
     if not out.converged.all():
         advice = stall_advice(out) or " Raise max_iter, loosen tol, or increase alpha."
         warnings.warn(f"falkon stopped after {out.n_iter} iterations above tol={tol:g} "
                       f"(largest relative residual {out.residuals[-1].max():.2e}).{advice}",
                       ConvergenceWarning, stacklevel=2)
-    beta = precondition(out.x)
-    logger.info("falkon: M=%d centres, %d iterations", M, out.n_iter)
-    return NystromResult(beta, out.n_iter, out.residuals, out.converged)
+    logger.info("falkon: M=%d centres, %d iterations, relative residual %.2e preconditioned, "
+                "%.2e of the normal equations", M, out.n_iter, out.residuals[-1].max(),
+                normal.max())
+    return NystromResult(beta, out.n_iter, out.residuals, out.converged, normal)
+
+
+def _solve(op: NystromOperator, pre: FalkonPreconditioner, alpha: float, Kty: np.ndarray,
+           tol: float, max_iter: int, callback: Callable[[int, np.ndarray], None] | None,
+           progress: bool) -> LoopResult:
+    """CG on ``Bᵀ (K_nmᵀ K_nm + alpha K_mm) B u = Bᵀ K_nmᵀ y``; β = B u."""
+
+    def system(v: np.ndarray) -> np.ndarray:  # one pass over X
+        b = pre.apply(v)
+        (normal,) = dask.compute(op.normal_matvec(b))
+        return pre.apply_t(normal + alpha * pre.kmm_matvec(b))
+
+    rhs = pre.apply_t(Kty)
+    bar = progress_bar(max_iter, "dkern falkon") if progress else None
+    try:
+        return block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
+                             tol=tol, max_iter=max_iter, refresh_every=50,
+                             callback=callback, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _normal_residuals(op: NystromOperator, pre: FalkonPreconditioner, alpha: float,
+                      Kty: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """``‖K_nmᵀ y − (K_nmᵀ K_nm + alpha K_mm) β‖ / ‖K_nmᵀ y‖`` per column; one pass over X."""
+    (normal,) = dask.compute(op.normal_matvec(beta))
+    gap = np.linalg.norm(Kty - (normal + alpha * pre.kmm_matvec(beta)), axis=0)
+    scale = np.linalg.norm(Kty, axis=0)
+    return gap / np.where(scale > 0, scale, 1.0)
 
 
 def sketch_size(n: int, M: int) -> int:
@@ -180,8 +214,9 @@ def sketch_size(n: int, M: int) -> int:
 
 
 def falkon_factors(kernel: Kernel, C: np.ndarray, alpha: float, n: int,
-                   sample: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Upper-triangular T, A of the preconditioner ``B = T⁻¹ A⁻¹ / √n``.
+                   sample: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Factors T, A of the preconditioner ``B = T⁻¹ A⁻¹ / √n``.
 
     Rudi, Carratino & Rosasco (2017), Falkon, Eq. 9 and the "Preconditioning"
     paragraph: with ``λ`` their penalty and ``K_nmᵀ K_nm ≈ (n / M) K_mm²``,
@@ -193,6 +228,9 @@ def falkon_factors(kernel: Kernel, C: np.ndarray, alpha: float, n: int,
     With a ``sample`` S of s rows, ``T Tᵀ / M`` becomes ``Wᵀ W / s`` with
     ``W = K_sm T⁻¹``, so that ``(B Bᵀ)⁻¹ = (n / s) K_smᵀ K_sm + alpha K_mm``: the
     same form, with ``K_nmᵀ K_nm`` estimated from s rows instead of the M centres.
+
+    When K_mm is singular to working precision, ``T = Λ^{1/2} Vᵀ`` over its q
+    eigenpairs above rounding, the rank-deficient case of Falkon (their Appendix A).
 
     Parameters
     ----------
@@ -207,41 +245,45 @@ def falkon_factors(kernel: Kernel, C: np.ndarray, alpha: float, n: int,
 
     Returns
     -------
-    T, A : ndarrays of shape (M, M), upper triangular
+    T : ndarray of shape (q, M)
+        ``Tᵀ T = K_mm``; upper triangular when q = M.
+    A : ndarray of shape (q, q), upper triangular
+    basis : ndarray of shape (M, q) or None
+        ``V Λ^{-1/2}`` (T's pseudo-inverse) when K_mm is singular, else None.
     """
     M = len(C)
-    T = _cholesky_with_jitter(kernel(C, C))
+    T, basis = _kmm_factor(kernel(C, C))
     if sample is None:
         G = T @ T.T / M
     else:  # G = Wᵀ W / s, W = K_sm T⁻¹, accumulated over blocks of the sample's rows
-        G = np.zeros((M, M))
+        G = np.zeros((len(T), len(T)))
         for i0 in range(0, len(sample), SKETCH_BLOCK_ROWS):
-            Wt = sla.solve_triangular(T, kernel(sample[i0:i0 + SKETCH_BLOCK_ROWS], C).T,
-                                      trans="T", check_finite=False)  # shape: (M, rows)
-            G += Wt @ Wt.T
+            Wt = factor_solve_t(T, basis, kernel(sample[i0:i0 + SKETCH_BLOCK_ROWS], C).T)
+            G += Wt @ Wt.T  # Wt: shape (q, rows)
         G /= len(sample)
-    A = sla.cholesky(G + (alpha / n) * np.eye(M), lower=False)
-    return T, A
+    A = sla.cholesky(G + (alpha / n) * np.eye(len(T)), lower=False)
+    return T, A, basis
 
 
-def _cholesky_with_jitter(Kmm: np.ndarray) -> np.ndarray:
-    """Upper Cholesky factor of K_mm, adding jitter · mean(diag) if it is not numerically PD."""
+def _kmm_factor(Kmm: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``T`` with ``Tᵀ T = K_mm``: its upper Cholesky factor, and None; or, when K_mm is
+    singular to working precision, ``Λ^{1/2} Vᵀ`` over its numerical range and ``V Λ^{-1/2}``.
+    """
     try:
-        return sla.cholesky(Kmm, lower=False)
+        return sla.cholesky(Kmm, lower=False), None
     except np.linalg.LinAlgError:
         pass
-    scale = float(np.mean(np.diag(Kmm)))
-    for eps in JITTERS:
-        try:
-            T = sla.cholesky(Kmm + eps * scale * np.eye(len(Kmm)), lower=False)
-        except np.linalg.LinAlgError:
-            continue
-        warnings.warn(f"K_mm is not numerically positive definite; added jitter {eps:g} x "
-                      f"mean diagonal ({eps * scale:.2e}). Duplicate or near-duplicate centres "
-                      "cause this: pick fewer or more distinct centres.", stacklevel=3)
-        return T
-    raise NotPositiveDefiniteError(
-        f"K_mm ({len(Kmm)} centres) is not positive definite even with jitter "
-        f"{JITTERS[-1]:g} x mean diagonal: the kernel is not PSD on these centres, or they are "
-        "heavily duplicated. Check the kernel with dkern.kernels.check_psd, or pick distinct "
-        "centres.")
+    lam, V = np.linalg.eigh((Kmm + Kmm.T) / 2)
+    if not lam[-1] > 0 or lam[0] < -NOISE_MAX * float(np.mean(np.diag(Kmm))):
+        raise NotPositiveDefiniteError(
+            f"K_mm ({len(Kmm)} centres) has eigenvalue {lam[0]:.3e} against a largest of "
+            f"{lam[-1]:.3e}: the kernel is not positive semi-definite on these centres. Check "
+            "it with dkern.kernels.check_psd.")
+    keep = lam > max(RANK_RTOL * len(Kmm) * lam[-1], -lam[0])
+    lam, V = lam[keep], V[:, keep]
+    warnings.warn(f"K_mm is singular to working precision: {len(Kmm)} centres span only "
+                  f"{len(lam)} directions (duplicate or near-duplicate centres). The fit uses "
+                  "those (an exact solution of the same problem); pick fewer or more distinct "
+                  "centres to save work.", stacklevel=3)
+    root = np.sqrt(lam)
+    return root[:, None] * V.T, V / root

@@ -1,6 +1,7 @@
-"""Preconditioners for ``K + alpha I``: Jacobi and randomized Nyström.
+"""Preconditioners: Jacobi and randomized Nyström for ``K + alpha I``, and Falkon's.
 
-Each has ``apply(R)``, a lazy map of dask (n, t) residuals to dask (n, t).
+Jacobi and Nyström have ``apply(R)``, a lazy map of dask (n, t) residuals to dask
+(n, t); Falkon's maps numpy (M, t) to (M, t) for the M-dimensional normal equations.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+import scipy.linalg as sla
 from dask.base import tokenize
 
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators.base import data_rows
-from ._checks import positive_number
+from ._checks import integer, positive_number
 from .sampling import chunk_sums, gather_rows, sample_rows
 
 logger = logging.getLogger(__name__)
@@ -94,15 +96,15 @@ class NystromPreconditioner:
         Xd = data_rows(X)
         n = Xd.shape[0]
         alpha = positive_number(alpha, "alpha", " (the diagonal shift)")
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= n:
-            raise ValueError(f"rank must be an integer in [1, n={n}]; got {rank!r}.")
+        rank = integer(rank, "rank", high=n, hint=" The rank is at most n, the number of rows.")
+        block_size = integer(block_size, "block_size")
         if pivots not in ("uniform", "rpcholesky"):
             raise ValueError(f"pivots must be 'uniform' or 'rpcholesky'; got {pivots!r}.")
         rng = np.random.default_rng(random_state)
         if pivots == "uniform":
-            G, W = _uniform_factor(kernel, Xd, int(rank), rng)
+            G, W = _uniform_factor(kernel, Xd, rank, rng)
         else:
-            G, W = _rpcholesky_factor(kernel, Xd, int(rank), rng, block_size)
+            G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size)
         self.alpha = float(alpha)
         self.factor, self.core, self.rank = _woodbury(G, W, self.alpha)
         logger.info("Nyström preconditioner: %s pivots, rank %d", pivots, self.rank)
@@ -172,8 +174,8 @@ def _woodbury(G: da.Array, W: np.ndarray, alpha: float) -> tuple[da.Array, np.nd
 
     F = G W is orthonormalised by a tall-skinny QR on the cluster, F = Q R, and
     ``F Fᵀ = Q (R Rᵀ) Qᵀ = (Q V) Λ (Q V)ᵀ``: U = Q V is orthonormal to working
-    precision. (Forming U = F V Λ^{-1/2} instead is not: with eigenvalues spanning
-    n/alpha ~ 1e7, P⁻¹ came out indefinite and CG diverged.)
+    precision. (Forming U = F V Λ^{-1/2} instead is not: when the eigenvalues span
+    many orders of magnitude, up to n/alpha, P⁻¹ can come out indefinite.)
     """
     F = da.dot(G, da.from_array(W)).rechunk({1: -1})
     Q, R = da.linalg.tsqr(F)
@@ -184,3 +186,53 @@ def _woodbury(G: da.Array, W: np.ndarray, alpha: float) -> tuple[da.Array, np.nd
     lam, V = lam[keep], V[:, keep]
     shrink = (lam.min() + alpha) / (lam + alpha) - 1.0 if keep.any() else lam
     return Q, (V * shrink) @ V.T, int(keep.sum())  # shrink in (-1, 0]: P⁻¹ on U
+
+
+class FalkonPreconditioner:
+    """Falkon's preconditioner ``B = T⁻¹ A⁻¹ / √n`` for the M-dimensional normal equations.
+
+    CG runs on ``Bᵀ (K_nmᵀ K_nm + alpha K_mm) B u = Bᵀ K_nmᵀ y`` and ``β = B u``;
+    ``(B Bᵀ)⁻¹`` approximates the system matrix (see :func:`dkern.solvers.falkon.falkon_factors`).
+    Unlike the n-dimensional preconditioners above it acts on numpy arrays, on the
+    client, where the M × M factors live.
+
+    Parameters
+    ----------
+    T : ndarray of shape (q, M)
+        ``Tᵀ T = K_mm``: the upper Cholesky factor (q = M), or, when K_mm is singular,
+        ``Λ^{1/2} Vᵀ`` over its numerical range (q < M eigenpairs).
+    A : ndarray of shape (q, q)
+        Upper Cholesky factor of ``T Tᵀ / M + (alpha / n) I`` or its sketched form.
+    n : int
+        Number of training points.
+    basis : ndarray of shape (M, q), optional
+        ``V Λ^{-1/2}``, T's pseudo-inverse, when T is not triangular.
+    """
+
+    def __init__(self, T: np.ndarray, A: np.ndarray, n: int,
+                 basis: np.ndarray | None = None) -> None:
+        self.T, self.A, self.basis = T, A, basis
+        self.sqrt_n = np.sqrt(n)
+
+    def apply(self, v: np.ndarray) -> np.ndarray:
+        """``B v = T⁻¹ A⁻¹ v / √n`` for v of shape (q, t); shape (M, t)."""
+        w = sla.solve_triangular(self.A, v)
+        if self.basis is not None:
+            return self.basis @ w / self.sqrt_n
+        return sla.solve_triangular(self.T, w, check_finite=False) / self.sqrt_n
+
+    def apply_t(self, v: np.ndarray) -> np.ndarray:
+        """``Bᵀ v = A⁻ᵀ T⁻ᵀ v / √n`` for v of shape (M, t); shape (q, t)."""
+        w = factor_solve_t(self.T, self.basis, v)
+        return sla.solve_triangular(self.A, w, trans="T", check_finite=False) / self.sqrt_n
+
+    def kmm_matvec(self, b: np.ndarray) -> np.ndarray:
+        """``K_mm b = Tᵀ (T b)`` for b of shape (M, t); shape (M, t)."""
+        return self.T.T @ (self.T @ b)
+
+
+def factor_solve_t(T: np.ndarray, basis: np.ndarray | None, v: np.ndarray) -> np.ndarray:
+    """``T⁻ᵀ v`` for a factor ``Tᵀ T = K_mm`` (see FalkonPreconditioner); shape (q, t)."""
+    if basis is not None:
+        return basis.T @ v
+    return sla.solve_triangular(T, v, trans="T", check_finite=False)
