@@ -53,6 +53,21 @@ def test_nystrom_operator_products_match_dense():
         assert sorted(READS) == [0, 1, 2, 3]
 
 
+def test_cached_nystrom_operator_reads_x_once_then_only_its_blocks():
+    """After cache_blocks, every product equals the dense one and none reads X again."""
+    Xd = da.map_blocks(counted_read, da.from_array(X, chunks=(100, -1)), dtype=float)
+    op = NystromOperator(Gaussian(0.7), Xd, X[:50], backend="numpy")
+    READS.clear()
+    assert op.cache_blocks(2**20)
+    assert sorted(READS) == [0, 1, 2, 3]
+    K, v = Gaussian(0.7)(X, X[:50]), RNG.normal(size=(50, 2))
+    READS.clear()
+    for product, want in [(op.normal_matvec(v), K.T @ (K @ v)), (op.rmatvec(Y), K.T @ Y[:, None]),
+                          (op.matvec(v), K @ v), (op.X[::7], X[::7])]:
+        np.testing.assert_allclose(product.compute(), want, rtol=1e-12)
+    assert READS == []
+
+
 def test_falkon_with_all_points_as_centres_is_exact_krr():
     kernel, alpha = Laplacian(0.5), 1e-2
     res = falkon(kernel, X, Y, X, alpha, tol=1e-10, backend="numpy")

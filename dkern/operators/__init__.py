@@ -1,9 +1,14 @@
-"""Lazy operators over dask row chunks: the Gram operator and ``K + alpha I``."""
+"""Lazy operators over dask row chunks (the Gram operator, ``K + alpha I``, Nyström's
+``K_nm``), all built on one mechanism: :func:`pairwise_reduce`."""
 
 from __future__ import annotations
 
 from .base import Operator, data_rows
 from .gram import GramOperator, gram
+from .pairwise import pairwise_map, pairwise_reduce
 from .shifted import ShiftedOperator
 
-__all__ = ["GramOperator", "Operator", "ShiftedOperator", "data_rows", "gram"]
+__all__ = [
+    "GramOperator", "Operator", "ShiftedOperator", "data_rows", "gram", "pairwise_map",
+    "pairwise_reduce",
+]

@@ -45,6 +45,13 @@ def cached_normal_block(K: np.ndarray, v: np.ndarray) -> np.ndarray:
         return K.T @ (K @ v.astype(K.dtype, copy=False))
 
 
+def cached_rmatvec_block(K: np.ndarray, c: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """One task: ``Kᵀ y`` from a cached block K = k(x_i, C) (the centres ``c`` are in K
+    already); shape (M, t)."""
+    with single_threaded_blas():
+        return K.T @ y.astype(K.dtype, copy=False)
+
+
 class NystromOperator(GramOperator):
     """``K_nm[i, j] = kernel(X[i], C[j])`` for n row-chunked points and M centres.
 
@@ -79,20 +86,21 @@ class NystromOperator(GramOperator):
         self.cached: da.Array | None = None
 
     def cache_blocks(self, max_bytes: int) -> bool:
-        """Compute ``K_nm`` once and persist its row blocks if it takes <= ``max_bytes``.
+        """Compute ``K_nm`` once and persist its row blocks, with X, if they take <= ``max_bytes``.
 
         Later products then read the cached blocks instead of re-evaluating the
-        kernel (the Falkon iteration becomes memory-bound BLAS). Returns whether
-        it cached; the memory used is ``n · M · itemsize`` over the workers. When
-        ``K_nm`` is too large but X fits, X is persisted instead, so passes stop
+        kernel (the Falkon iteration becomes memory-bound BLAS), and whatever else
+        reads X (a row sample) reads the persisted copy, not its store. Returns whether
+        it cached; the memory used is ``n · (M + d) · itemsize`` over the workers. When
+        ``K_nm`` is too large but X fits, X alone is persisted, so passes stop
         re-reading (and re-verifying) it from its store.
         """
-        nbytes = self.shape[0] * self.shape[1] * self.dtype.itemsize
-        if nbytes > max_bytes:
+        knm_bytes = self.shape[0] * self.shape[1] * self.dtype.itemsize
+        if knm_bytes + self.X.nbytes > max_bytes:
             if self.X.nbytes <= max_bytes:
                 (self.X,) = dask.persist(self.X)
             return False
-        (self.cached,) = dask.persist(self.kernel_blocks())
+        self.X, self.cached = dask.persist(self.X, self.kernel_blocks())
         return True
 
     def _matvec(self, V: da.Array) -> da.Array:
@@ -121,7 +129,11 @@ class NystromOperator(GramOperator):
         if Yd.shape[0] != self.shape[0]:
             raise ValueError(f"y must have {self.shape[0]} rows, one per row of X; got shape "
                              f"{Yd.shape}.")
-        return (self.T @ Yd.reshape(Yd.shape[0], -1)).astype(np.float64)
+        Y2 = Yd.reshape(Yd.shape[0], -1).rechunk((self.X.chunks[0], -1))
+        if self.cached is None:
+            return (self.T @ Y2).astype(np.float64)
+        return pairwise_reduce(cached_rmatvec_block, self.cached, self.Z, [(Y2, "rows")],
+                               over="rows", width=Y2.shape[1], name="dkern-knm-rmatvec-cached")
 
     def __repr__(self) -> str:
         return f"<NystromOperator shape={self.shape} dtype={self.dtype}>"

@@ -38,11 +38,11 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg as sla
-from dask.base import tokenize
 
-from ..backends import resolve_backend
+from ..backends import BlockBackend, block_backend, resolve_backend
+from ..backends.numpy_backend import TILE_BYTES
 from ..kernels import Kernel
-from ..operators.base import data_rows
+from ..operators import data_rows, gram, pairwise_reduce
 from ._checks import integer, positive_number
 from .sampling import gather_rows, sample_distinct
 
@@ -56,12 +56,21 @@ SHRINK, OVERSAMPLE = 4.0, 4.0
 DICT_MAX, POOL_MAX = 2_000, 4_000
 
 
-def leverage_block(x: np.ndarray, *, kernel: Kernel, Z: np.ndarray, Linv: np.ndarray,
-                   alpha: float) -> np.ndarray:
-    """One task: ``(k_ii − ||L⁻¹ K(Z, x_i)||²) / α`` for the rows of x; shape (n_i,)."""
-    proj = np.asarray(kernel(x, Z), dtype=np.float64) @ Linv.T  # shape: (n_i, |J|)
-    scores = (np.asarray(kernel.diag(x), dtype=np.float64) - np.einsum("ij,ij->i", proj, proj))
-    return np.maximum(scores / alpha, 1e-12)  # rounding can make a tiny score negative
+def leverage_block(x: np.ndarray, z: np.ndarray, *, kernel: Kernel, blocks: BlockBackend,
+                   Linv: np.ndarray, alpha: float) -> np.ndarray:
+    """One task: ``(k_ii − ||L⁻¹ K(Z, x_i)||²) / α`` for the rows of x; shape (n_i, 1).
+
+    ``z`` is the dictionary (|J| × d); kernel values come from the backend's blocks,
+    a tile of rows at a time, so memory is bounded whatever the chunk size.
+    """
+    rows = max(1, TILE_BYTES // (8 * len(z)))
+    out = np.empty((len(x), 1))
+    for i0 in range(0, len(x), rows):
+        xt = x[i0:i0 + rows].astype(np.float64, copy=False)
+        proj = blocks.kernel_block(xt, z, kernel=kernel) @ Linv.T  # shape: (rows, |J|)
+        diag = blocks.kernel_diag(xt, kernel=kernel)
+        out[i0:i0 + rows, 0] = diag - np.einsum("ij,ij->i", proj, proj)
+    return np.maximum(out / alpha, 1e-12)  # rounding can make a tiny score negative
 
 
 def select_centers(X: Any, n_centers: int | None = None, *, method: str = "uniform",
@@ -108,11 +117,10 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
                          "the centres are for; got None.")
     alpha = positive_number(alpha, "alpha", " (the ridge penalty of the problem)")
     Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng)
-    scores = da.map_blocks(leverage_block, Xd, drop_axis=1, dtype=np.float64,
-                           meta=np.empty((0,)),
-                           kernel=kernel, Z=Z, Linv=Linv, alpha=alpha,
-                           name=f"dkern-leverage-{tokenize(kernel, Xd.name, Z, alpha)}")
-    (scores,) = dask.persist(scores)
+    op = gram(kernel, Xd, Z, backend="numpy", dtype=np.float64)
+    (scores,) = dask.persist(pairwise_reduce(
+        leverage_block, op.X, op.Z, over="cols", width=1, name="dkern-leverage",
+        kernel=kernel, blocks=op.blocks, Linv=Linv, alpha=alpha)[:, 0])
     return gather_rows(Xd, np.sort(sample_distinct(scores, M, rng)))
 
 
@@ -139,8 +147,9 @@ def _bless_dictionary(kernel: Kernel, Xd: da.Array, alpha: float,
     gathered = gather_rows(Xd, rows)
     for h, level in enumerate(levels):
         cand = gathered[where[h * pool:(h + 1) * pool]]
-        scores = leverage_block(cand, kernel=kernel, Z=Z,
-                                Linv=_dictionary_factor(kernel, Z, weights, level), alpha=level)
+        scores = leverage_block(cand, Z, kernel=kernel, blocks=block_backend("numpy"),
+                                Linv=_dictionary_factor(kernel, Z, weights, level),
+                                alpha=level)[:, 0]
         d_eff = n * scores.mean()  # line 5: Σ_i ℓ(i) estimated from uniform candidates
         m = int(min(DICT_MAX, pool, max(1, math.ceil(OVERSAMPLE * d_eff))))
         picks = rng.choice(pool, size=m, p=scores / scores.sum())  # line 6: resample ∝ ℓ̃

@@ -13,11 +13,10 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg as sla
-from dask.base import tokenize
 
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
-from ..operators.base import data_rows
+from ..operators import data_rows, gram
 from ._checks import integer, positive_number
 from .sampling import chunk_sums, gather_rows, sample_rows
 
@@ -52,16 +51,6 @@ class JacobiPreconditioner:
     def apply(self, R: da.Array) -> da.Array:
         """``R / diag(A)``; shape (n, t)."""
         return R * self.inv_diag.rechunk((R.chunks[0],))[:, None]
-
-
-def kernel_columns_block(x: np.ndarray, *, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
-    """One task: ``kernel(x, Z)``; shape (n_i, b) for b pivots."""
-    return np.asarray(kernel(x, Z), dtype=np.float64)
-
-
-def kernel_diag_block(x: np.ndarray, *, kernel: Kernel) -> np.ndarray:
-    """One task: ``kernel.diag(x)`` in float64; shape (n_i,)."""
-    return np.asarray(kernel.diag(x), dtype=np.float64)
 
 
 class NystromPreconditioner:
@@ -117,11 +106,8 @@ class NystromPreconditioner:
 
 
 def _kernel_columns(kernel: Kernel, Xd: da.Array, Z: np.ndarray) -> da.Array:
-    """``K(X, Z)`` as a lazy (n, b) dask array over X's row chunks."""
-    return da.map_blocks(kernel_columns_block, Xd, chunks=(Xd.chunks[0], (len(Z),)),
-                         dtype=np.float64,
-                         meta=np.empty((0, 0)), kernel=kernel, Z=Z,
-                         name=f"dkern-nystrom-cols-{tokenize(kernel, Xd.name, Z)}")
+    """``K(X, Z)`` in float64 as a lazy (n, b) dask array over X's row chunks."""
+    return gram(kernel, Xd, Z, backend="numpy", dtype=np.float64).kernel_blocks()
 
 
 def _psd_inverse_sqrt(H: np.ndarray) -> np.ndarray:
@@ -147,8 +133,7 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     Chen, Epperly, Tropp & Webber (2023), Alg. 3 (block RPCholesky): sample pivots
     ∝ the residual diagonal d, form ``G = K(:, S) − F F[S]ᵀ``, factor ``G[S]``, append.
     """
-    (d,) = dask.persist(da.map_blocks(kernel_diag_block, Xd, drop_axis=1, dtype=np.float64,
-                                      meta=np.empty((0,)), kernel=kernel))
+    (d,) = dask.persist(gram(kernel, Xd, backend="numpy", dtype=np.float64).diag())
     initial = chunk_sums(d).sum()
     F = da.zeros((Xd.shape[0], 0), chunks=(Xd.chunks[0], 0))
     while F.shape[1] < rank:
