@@ -3,8 +3,8 @@
 numpy vectorises float64 ``exp`` only on AVX-512 CPUs; on the others (AVX2 laptops
 and servers, ARM) it costs ~5 ns a value, more than the rest of a Gaussian tile
 together. ``fastexp.c`` is a loop the C compiler vectorises (several times numpy's
-speed there, within a few ulp: benchmarks/RESULTS.md). It is compiled the first time a process needs it,
-like KeOps compiles its formulas, into ``$DKERN_CACHE_DIR`` (default
+speed there, within a few ulp: benchmarks/RESULTS.md). It is compiled the first time
+a process needs it, like KeOps compiles its formulas, into ``$DKERN_CACHE_DIR`` (default
 ``~/.cache/dkern``) under a name that hashes the source, the flags, the compiler and
 the CPU's features, so a cache shared by different machines never runs code built
 for another CPU. A freshly loaded library is checked against ``numpy.exp`` before
