@@ -200,9 +200,14 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--y", required=True, help="array of targets (n,) or (n, t)")
     fit.add_argument("--kernel", default="Gaussian(lengthscale=1.0)",
                      help="a kernel expression, e.g. '2.0 * Matern(lengthscale=0.5, nu=1.5)'")
-    fit.add_argument("--solver", choices=["auto", "exact", "cg", "nystrom"], default="auto")
+    fit.add_argument("--solver", choices=["auto", "exact", "cg", "nystrom"], default="auto",
+                     help="auto: exact (dense Cholesky) up to dkern.solvers.EXACT_MAX_N rows, "
+                          "preconditioned CG above (the same model, to --tol; each iteration "
+                          "is a pass over n^2 kernel values); nystrom only if asked for or "
+                          "--centers is given")
     fit.add_argument("--centers", type=_positive_int, default=None,
-                     help="Nystrom centres M (default: sqrt(n))")
+                     help="Nystrom centres M (default: sqrt(n)); with --solver auto, "
+                          "selects nystrom")
     fit.add_argument("--center-method", choices=["uniform", "leverage"], default="uniform")
     fit.add_argument("--max-iter", type=_positive_int, default=None)
     fit.add_argument("--seed", type=int, default=0)
