@@ -1,6 +1,8 @@
 """KernelRidge against scikit-learn on real data, its solvers, its input checks, its API."""
 
+import functools
 import logging
+import operator
 import warnings
 
 import dask
@@ -18,7 +20,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 import dkern
 from dkern import KernelRidge
 from dkern.errors import StoreError
-from dkern.kernels import Gaussian, Laplacian
+from dkern.kernels import MAX_DEPTH, Gaussian, Laplacian
 from dkern.models import kernel_ridge
 from dkern.solvers import EXACT_MAX_N
 
@@ -275,6 +277,20 @@ def test_exact_above_its_limit_refused_before_any_work():
     X = da.zeros((EXACT_MAX_N + 1, 2), chunks=4000)  # never computed
     with pytest.raises(ValueError, match=f"allows n <= {EXACT_MAX_N}; got n={EXACT_MAX_N + 1}"):
         KernelRidge(solver="exact").fit(X, np.zeros(EXACT_MAX_N + 1))
+
+
+def test_a_kernel_fit_accepts_saves_and_loads(tmp_path):
+    """The deepest kernel expression dkern builds fits, saves and loads; one level more is
+    refused when it is built (a chain of 250 sums used to fit and then fail in save)."""
+    kernels = [Gaussian(1.0 + i / 250) for i in range(250)]
+    deepest = functools.reduce(operator.add, kernels[:MAX_DEPTH + 1])
+    model = KernelRidge(deepest, alpha=ALPHA, solver="exact").fit(X_SMALL, Y_SMALL)
+    dkern.save(model, str(tmp_path / "model.zarr"))
+    back = dkern.load(str(tmp_path / "model.zarr"))
+    assert back.kernel_ == deepest
+    np.testing.assert_array_equal(back.predict(X_TEST[:20]), model.predict(X_TEST[:20]))
+    with pytest.raises(ValueError, match=f"at most dkern.kernels.MAX_DEPTH = {MAX_DEPTH}"):
+        functools.reduce(operator.add, kernels)
 
 
 def test_predict_before_fit():
