@@ -83,6 +83,8 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
     from . import load
 
     model = load(args.model)
+    if args.y:
+        _check_truth(model, args)  # before any work: a failed --y leaves the store untouched
     with _client(args):
         start = time.perf_counter()
         model.predict((args.data, args.x), out=(args.data, args.out), overwrite=args.overwrite)
@@ -91,6 +93,18 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
         if args.y:
             report["rmse"] = _rmse(args.data, args.out, args.y)
     return report
+
+
+def _check_truth(model: Any, args: argparse.Namespace) -> None:
+    """Refuse a ``--y`` whose shape is not that of the predictions for ``--x``."""
+    from .io import open_array
+
+    want = (open_array(args.data, args.x).shape[0], *model.dual_coef_.shape[1:])
+    got = open_array(args.data, args.y).shape
+    if got != want:
+        raise ValueError(f"--y {args.y!r} has shape {got}, but the predictions for --x "
+                         f"{args.x!r} will have shape {want}; pass the array of true values "
+                         "for the rows of --x (nothing was written).")
 
 
 def _rmse(store: str, pred: str, truth: str) -> float:
@@ -143,7 +157,11 @@ class _client:
     def __enter__(self) -> Any:
         from .runtime import connect
 
-        kwargs = {} if self.args.scheduler else {"n_workers": self.args.workers}
+        kwargs = {} if self.args.scheduler else {
+            "n_workers": self.args.workers,
+            # Worker logs would repeat a task's error as a traceback before the message
+            # main() prints; -v shows them.
+            "silence_logs": logging.WARNING if self.args.verbose else logging.CRITICAL}
         self.client = connect(self.args.scheduler, **kwargs)
         return self.client
 
@@ -167,7 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object")
     common.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO level, and show the embedded cluster's worker logs")
     cluster = argparse.ArgumentParser(add_help=False)
     cluster.add_argument("--scheduler", default=None,
                          help="Dask scheduler address (default: $DKERN_SCHEDULER_ADDRESS, "
@@ -258,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = run(args)
     except (DkernError, ValueError, TypeError, OSError) as err:  # OSError: paths, network
-        print(f"dkern {args.command}: error: {err}", file=sys.stderr)
+        # The library names its keyword argument; here it is a flag.
+        message = str(err).replace("overwrite=True", "--overwrite")
+        print(f"dkern {args.command}: error: {message}", file=sys.stderr)
         return 1
     _print_report(report, args)
     return 0
