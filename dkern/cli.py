@@ -254,8 +254,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--store", default=None,
                       help="where to write (default: a temp dir); the demo's arrays there "
                            "(X, y, X_test, y_test, pred) are replaced")
-    # tol 1e-3: about 20 Falkon iterations; the test RMSE is within 0.2% of a 1e-6 fit
-    # (measured on this data), at a fifth of the time.
+    # tol 1e-3: the demo's test RMSE is that of a tight fit, in a fraction of the time
+    # (measured: benchmarks/RESULTS.md, "Figures behind two defaults").
     demo.set_defaults(run=_demo, tol=1e-3)
     return parser
 
