@@ -33,7 +33,7 @@ CENTERS = ("uniform", "leverage")
 #: number of about ``(λ_{r+1} + alpha) / alpha`` (Frangella, Tropp & Udell 2023,
 #: Thm 5.1), and each CG step costs a full pass of n² kernel values, so iterations are
 #: what to save; the factor costs r float64 values per row on the cluster. The rank
-#: sweep behind 300 is in benchmarks/RESULTS.md ("CG preconditioner rank").
+#: sweep behind 300 is in benchmarks/RESULTS.md ("Figures behind two defaults").
 CG_PRECONDITIONER_RANK = 300
 
 
