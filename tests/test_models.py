@@ -75,16 +75,17 @@ def test_matches_sklearn_on_diamonds(sklearn_reference, solver):
     assert single.shape == (1000,) and model.converged_ and model.solver_ == solver
     assert rel_err(single, want[:, 0]) <= 1e-6  # measured: exact 5e-14, cg 5e-11
     assert rmse(single, Y_TEST[:, 0]) == pytest.approx(rmse(want[:, 0], Y_TEST[:, 0]), rel=1e-6)
-    multi = clone(model).fit(X, Y).predict(X_TEST)
+    both = clone(model).fit(X, Y)
+    multi = both.predict(X_TEST)
     assert multi.shape == (1000, 2)
     assert rel_err(multi, want) <= 1e-6  # measured: exact 3e-14, cg 5e-11
     if solver == "cg":  # the reported residual is the true one of (K + αI) c = y, K dense
-        c = model.dual_coef_
+        c = both.dual_coef_
         true = (_gaussian(X, X, ELL) @ c + ALPHA * c - Y) / np.linalg.norm(Y, axis=0)
-        assert model.residuals_.shape == (model.n_iter_ + 1, 2)
-        np.testing.assert_allclose(np.linalg.norm(true, axis=0), model.residuals_[-1],
+        assert both.residuals_.shape == (both.n_iter_ + 1, 2)
+        np.testing.assert_allclose(np.linalg.norm(true, axis=0), both.residuals_[-1],
                                    rtol=1e-3)
-        assert model.residuals_[-1].max() <= 1e-10
+        assert both.residuals_[-1].max() <= 1e-10
 
 
 @pytest.mark.slow
