@@ -83,6 +83,8 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
     from . import load
 
     model = load(args.model)
+    if args.y:
+        _check_truth(model, args)  # before any work: a failed --y leaves the store untouched
     with _client(args):
         start = time.perf_counter()
         model.predict((args.data, args.x), out=(args.data, args.out), overwrite=args.overwrite)
@@ -91,6 +93,18 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
         if args.y:
             report["rmse"] = _rmse(args.data, args.out, args.y)
     return report
+
+
+def _check_truth(model: Any, args: argparse.Namespace) -> None:
+    """Refuse a ``--y`` whose shape is not that of the predictions for ``--x``."""
+    from .io import open_array
+
+    want = (open_array(args.data, args.x).shape[0], *model.dual_coef_.shape[1:])
+    got = open_array(args.data, args.y).shape
+    if got != want:
+        raise ValueError(f"--y {args.y!r} has shape {got}, but the predictions for --x "
+                         f"{args.x!r} will have shape {want}; pass the array of true values "
+                         "for the rows of --x (nothing was written).")
 
 
 def _rmse(store: str, pred: str, truth: str) -> float:
@@ -143,7 +157,11 @@ class _client:
     def __enter__(self) -> Any:
         from .runtime import connect
 
-        kwargs = {} if self.args.scheduler else {"n_workers": self.args.workers}
+        kwargs = {} if self.args.scheduler else {
+            "n_workers": self.args.workers,
+            # Worker logs would repeat a task's error as a traceback before the message
+            # main() prints; -v shows them.
+            "silence_logs": logging.WARNING if self.args.verbose else logging.CRITICAL}
         self.client = connect(self.args.scheduler, **kwargs)
         return self.client
 
@@ -167,7 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object")
     common.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    common.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO level, and show the embedded cluster's worker logs")
     cluster = argparse.ArgumentParser(add_help=False)
     cluster.add_argument("--scheduler", default=None,
                          help="Dask scheduler address (default: $DKERN_SCHEDULER_ADDRESS, "
@@ -200,9 +219,14 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--y", required=True, help="array of targets (n,) or (n, t)")
     fit.add_argument("--kernel", default="Gaussian(lengthscale=1.0)",
                      help="a kernel expression, e.g. '2.0 * Matern(lengthscale=0.5, nu=1.5)'")
-    fit.add_argument("--solver", choices=["auto", "exact", "cg", "nystrom"], default="auto")
+    fit.add_argument("--solver", choices=["auto", "exact", "cg", "nystrom"], default="auto",
+                     help="auto: exact (dense Cholesky) up to dkern.solvers.EXACT_MAX_N rows, "
+                          "preconditioned CG above (the same model, to --tol; each iteration "
+                          "is a pass over n^2 kernel values); nystrom only if asked for or "
+                          "--centers is given")
     fit.add_argument("--centers", type=_positive_int, default=None,
-                     help="Nystrom centres M (default: sqrt(n))")
+                     help="Nystrom centres M (default: sqrt(n)); with --solver auto, "
+                          "selects nystrom")
     fit.add_argument("--center-method", choices=["uniform", "leverage"], default="uniform")
     fit.add_argument("--max-iter", type=_positive_int, default=None)
     fit.add_argument("--seed", type=int, default=0)
@@ -230,8 +254,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--store", default=None,
                       help="where to write (default: a temp dir); the demo's arrays there "
                            "(X, y, X_test, y_test, pred) are replaced")
-    # tol 1e-3: about 20 Falkon iterations; the test RMSE is within 0.2% of a 1e-6 fit
-    # (measured on this data), at a fifth of the time.
+    # tol 1e-3: the demo's test RMSE is that of a tight fit, in a fraction of the time
+    # (measured: benchmarks/RESULTS.md, "Figures behind two defaults").
     demo.set_defaults(run=_demo, tol=1e-3)
     return parser
 
@@ -253,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = run(args)
     except (DkernError, ValueError, TypeError, OSError) as err:  # OSError: paths, network
-        print(f"dkern {args.command}: error: {err}", file=sys.stderr)
+        # The library names its keyword argument; here it is a flag.
+        message = str(err).replace("overwrite=True", "--overwrite")
+        print(f"dkern {args.command}: error: {message}", file=sys.stderr)
         return 1
     _print_report(report, args)
     return 0

@@ -2,8 +2,11 @@
 
 Every error is a ``ValueError`` subclass (or ``TypeError`` for wrong types), so
 callers that catch ``ValueError`` keep working; the subclasses let callers tell
-store damage from bad arguments.
+store damage from bad arguments. ``ConvergenceWarning`` is scikit-learn's, so
+``warnings.filterwarnings`` and scikit-learn's tooling treat dkern's like its own.
 """
+
+from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
 
 
 class DkernError(ValueError):
@@ -22,5 +25,9 @@ class NotPositiveDefiniteError(DkernError):
     """An operator that must be symmetric positive definite is not (numerically)."""
 
 
-class ConvergenceWarning(UserWarning):
-    """An iterative solver stopped before reaching its tolerance."""
+class ConvergenceWarning(_SklearnConvergenceWarning):
+    """An iterative solver stopped before reaching its tolerance.
+
+    A subclass of :class:`sklearn.exceptions.ConvergenceWarning` (itself a
+    ``UserWarning``): filters set for scikit-learn's warning apply to dkern's.
+    """

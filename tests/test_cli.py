@@ -1,12 +1,19 @@
 """The dkern command and connect(): real runs, real stores."""
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import dkern
 from dkern import cli, connect
-from dkern.io import open_array, read_attrs
+from dkern.io import list_arrays, open_array, read_attrs, write_arrays
+from dkern.kernels import Gaussian
 
 
 def run(capsys, *argv):
@@ -167,11 +174,83 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
     predict = ["predict", "--model", model, "--data", store, "--x", "X_test", "--out", "pred",
                "--y", "y_test", "--workers", "1", "--json"]
     code, out, _ = run(capsys, *predict)
-    assert code == 0 and json.loads(out)["rmse"] < 0.1
+    assert code == 0
+    # the stored predictions: the dense normal equations (K_nmᵀ K_nm + α K_mm) β = K_nmᵀ y on
+    # the saved model's centres; the reported RMSE is theirs
+    C = dkern.load(model).centers_
+    X, y = open_array(store, "X").compute(), open_array(store, "y").compute()
+    X_test, y_test = open_array(store, "X_test").compute(), open_array(store, "y_test").compute()
+    Knm = _gaussian(X, C, 0.5)
+    want = _gaussian(X_test, C, 0.5) @ np.linalg.solve(Knm.T @ Knm + 0.1 * _gaussian(C, C, 0.5),
+                                                       Knm.T @ y)
+    pred = open_array(store, "pred").compute()
+    # Falkon's tol (1e-6) bounds the preconditioned residual; the normal equations' own
+    # relative residual, which bounds this, stays near 3e-4 here (issue 9, item 8)
+    assert np.linalg.norm(pred - want) / np.linalg.norm(want) <= 1e-3
+    assert json.loads(out)["rmse"] == pytest.approx(np.sqrt(np.mean((pred - y_test) ** 2)),
+                                                    rel=1e-12)
     code, _, err = run(capsys, *predict)
-    assert code == 1 and "pass overwrite=True" in err  # the predictions are not replaced
+    assert code == 1 and "pass --overwrite" in err  # the predictions are not replaced
     code, again, _ = run(capsys, *predict, "--overwrite")
     assert code == 0 and json.loads(again)["rmse"] == json.loads(out)["rmse"]
+
+
+def _gaussian(A, B, ell):
+    """Independent dense Gaussian kernel (scipy's cdist)."""
+    from scipy.spatial.distance import cdist
+
+    return np.exp(-cdist(A, B, "sqeuclidean") / (2 * ell**2))
+
+
+@pytest.fixture
+def saved_model(tmp_path):
+    """A store (X 40 × 2, X_test 30 rows, one with NaN in X_bad, y_test and a 20-row y_short)
+    and an exact model fitted on it in this process (no cluster)."""
+    rng = np.random.default_rng(0)
+    X, X_test = rng.uniform(-1, 1, (40, 2)), rng.uniform(-1, 1, (30, 2))
+    X_bad = X_test.copy()
+    X_bad[5, 0] = np.nan
+    store, model = str(tmp_path / "d.zarr"), str(tmp_path / "model.zarr")
+    write_arrays(store, {"X_test": X_test, "X_bad": X_bad, "y_test": X_test[:, 0],
+                         "y_short": X_test[:20, 0], "Y2": X_test}, chunk_rows=10)
+    dkern.save(dkern.KernelRidge(Gaussian(0.5), alpha=0.1, solver="exact").fit(X, X[:, 0]),
+               model)
+    return store, model
+
+
+@pytest.mark.parametrize("truth", ["y_short", "Y2"])
+def test_predict_refuses_a_wrong_y_before_writing(capsys, saved_model, truth):
+    store, model = saved_model
+    code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--y", truth, "--workers", "1")
+    shape = "(20,)" if truth == "y_short" else "(30, 2)"
+    assert code == 1
+    assert f"--y '{truth}' has shape {shape}, but the predictions for --x 'X_test' will have " \
+           "shape (30,)" in err
+    assert "pred" not in list_arrays(store)  # refused before the predictions were written
+
+
+def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, tmp_path):
+    store, model = saved_model
+    code, _, err = run(capsys, "fit", "--data", store, "--x", "X_test", "--y", "y_test",
+                       "--model", model, "--workers", "1")
+    assert code == 1 and "--overwrite" in err and "overwrite=True" not in err
+
+
+@pytest.mark.distributed
+def test_quiet_error_output_is_the_message_alone(saved_model):
+    """A task's error on a worker (NaN in X, found as its chunk is read): the command prints
+    its one-line message, no worker log or traceback before it (a real process)."""
+    store, model = saved_model
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "dkern", "predict", "--model", model, "--data", store, "--x",
+         "X_bad", "--out", "pred", "--workers", "1", "--quiet"],
+        env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stdout == ""
+    assert re.fullmatch(r"dkern predict: error: X contains NaN or infinity in rows \[0, \d+\) "
+                        r"\(first at row 5\)\. Drop or impute those rows\.\n", result.stderr), \
+        result.stderr
 
 
 def test_bad_arguments_exit_2(capsys):

@@ -4,6 +4,11 @@ If ``k``, ``k1`` and ``k2`` are positive semi-definite, so are ``c * k`` (c > 0)
 ``k1 + k2``, ``k1 * k2`` (Schur product theorem), ``k ** p`` (integer p >= 1),
 ``exp(k)`` (a limit of sums of powers) and ``f(x) k(x, x') f(x')`` (a congruence
 by ``diag(f)``).
+
+An expression nests at most ``MAX_DEPTH`` operations: its ``repr``, ``==``, the model
+file's parser (:func:`dkern.kernels.from_repr`) and the kernel's evaluation on the
+workers each recurse once per level, so a deeper one is refused when it is built,
+never later when it is saved or sent to the cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ import numpy as np
 
 from . import fastexp
 from .base import Array, Kernel, as_pair, check_integer
+
+#: Most operations (``+``, ``*``, ``**``, ``c *``, ``exp``, ``warp``) one path of a kernel
+#: expression may nest. A chain ``k1 + k2 + ... + kn`` nests n - 1; a balanced tree of
+#: the same sum nests log2(n). 100 keeps the repr within Python's 200 nested parentheses
+#: (the model file) and the recursion far below Python's default limit of 1000 frames.
+MAX_DEPTH = 100
 
 
 class Scaled(Kernel):
@@ -213,3 +224,18 @@ def warp(kernel: Kernel, f: Callable[[Array], Array]) -> Warp:
 def _check_kernel(value: object, name: str, owner: str) -> None:
     if not isinstance(value, Kernel):
         raise TypeError(f"{owner}: {name} must be a dkern kernel; got {type(value).__name__}.")
+    if depth(value) >= MAX_DEPTH:
+        raise ValueError(
+            f"{owner}: this kernel expression would nest {depth(value) + 1} operations; dkern "
+            f"allows at most dkern.kernels.MAX_DEPTH = {MAX_DEPTH}, so that every kernel it "
+            "builds can be printed, saved in a model file and loaded. Combine many kernels "
+            "pairwise, as a balanced tree (log2(n) levels), not as one chain k1 + k2 + ... + kn.")
+
+
+def depth(kernel: Kernel) -> int:
+    """Operations nested on the longest path of ``kernel``'s expression (0 for a base kernel).
+
+    Recursive, but bounded: every composite kernel checks ``MAX_DEPTH`` when it is built.
+    """
+    nested = [v for v in kernel.get_params(deep=False).values() if isinstance(v, Kernel)]
+    return 1 + max(depth(k) for k in nested) if nested else 0

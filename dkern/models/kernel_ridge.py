@@ -29,14 +29,11 @@ logger = logging.getLogger(__name__)
 
 SOLVERS = ("auto", "exact", "cg", "nystrom")
 CENTERS = ("uniform", "leverage")
-#: ``solver="auto"`` solves exactly up to this many rows and uses Nyström/Falkon above.
-AUTO_EXACT_MAX_N = 2_000
 #: Rank r of the Nyström preconditioner of ``solver="cg"``. It leaves CG a condition
 #: number of about ``(λ_{r+1} + alpha) / alpha`` (Frangella, Tropp & Udell 2023,
 #: Thm 5.1), and each CG step costs a full pass of n² kernel values, so iterations are
-#: what to save; the factor costs r float64 values per row on the cluster (2.4 KB at
-#: r = 300). Measured on 5 000 diamonds rows (Gaussian(1), alpha=0.1, tol=1e-10):
-#: r = 50, 100, 300, 500 took 136, 80, 31, 12 iterations and 17, 9.9, 3.7, 3.1 s.
+#: what to save; the factor costs r float64 values per row on the cluster. The rank
+#: sweep behind 300 is in benchmarks/RESULTS.md ("Figures behind two defaults").
 CG_PRECONDITIONER_RANK = 300
 
 
@@ -55,6 +52,11 @@ class KernelRidge(RegressorMixin, BaseEstimator):
 
     which is the exact solution when every training point is a centre.
 
+    Precision: whatever the input dtype, kernel values, coefficients and
+    predictions are computed in float64, in ``fit`` and ``predict`` alike, by
+    every solver. float32 data is upcast block by block as it is read (the store
+    is not rewritten), so a fit on float32 data is the fit on those rounded values.
+
     Parameters
     ----------
     kernel : dkern kernel, optional
@@ -64,12 +66,16 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     alpha : float, default=1.0
         Ridge penalty; > 0 (``>= 0`` for ``solver="exact"``).
     solver : {"auto", "exact", "cg", "nystrom"}, default="auto"
-        ``"exact"``: dense Cholesky (n <= ``EXACT_MAX_N``, in memory). ``"cg"``: CG on
-        the lazy ``K + alpha I`` with a rank-``CG_PRECONDITIONER_RANK`` Nyström
-        preconditioner (randomly pivoted Cholesky). ``"nystrom"``: Falkon with M centres.
-        ``"auto"``: exact up to ``AUTO_EXACT_MAX_N`` (2 000) rows, nystrom above.
+        ``"exact"``: dense Cholesky (n <= ``dkern.solvers.EXACT_MAX_N``, in memory).
+        ``"cg"``: CG on the lazy ``K + alpha I`` with a rank-``CG_PRECONDITIONER_RANK``
+        Nyström preconditioner (randomly pivoted Cholesky). ``"nystrom"``: Falkon with M
+        centres, an approximation of the model (see above). ``"auto"`` never trades
+        accuracy: exact up to ``EXACT_MAX_N`` rows, ``"cg"`` above (the same solution,
+        to ``tol``); ``"nystrom"`` only when ``n_centers`` is given. It logs its choice
+        and the reason at INFO level.
     n_centers : int, optional
         M for ``"nystrom"``; default ``round(√n)`` (see :func:`dkern.solvers.select_centers`).
+        Giving it with ``solver="auto"`` asks for ``"nystrom"``.
     centers : {"uniform", "leverage"}, default="uniform"
         How centres are drawn: uniformly, or by approximate ridge leverage scores.
     tol : float, default=1e-6
@@ -169,12 +175,13 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         for stale in ("X_fit_", "centers_"):
             self.__dict__.pop(stale, None)
         self.kernel_ = kernel
+        Xw, yw = _float64(Xv), _float64(yv)  # the precision rule (class docstring)
         if solver == "exact":
-            self._fit_exact(Xv, yv, alpha)
+            self._fit_exact(Xw, yw, alpha)
         elif solver == "cg":
-            self._fit_cg(Xv, yv, alpha, tol)
+            self._fit_cg(Xw, yw, alpha, tol)
         else:
-            self._fit_nystrom(Xv, yv, alpha, tol)
+            self._fit_nystrom(Xw, yw, alpha, tol)
         if solver != "nystrom":
             self.X_fit_ = X if isinstance(X, da.Array) else Xv  # a dask X is kept as given
         self.solver_ = solver
@@ -200,15 +207,18 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (m,) or (m, t) for in-memory X; a lazy dask array for dask or
-        Zarr X; the ``out`` location ``(url, path)`` when ``out`` is given.
+        Zarr X; the ``out`` location ``(url, path)`` when ``out`` is given. float64
+        whatever X's dtype (see Precision in the class docstring).
         """
         check_is_fitted(self, "dual_coef_")
         Xv = check_X(self, X, reset=False)
         if self.solver_ == "nystrom":
             beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory
-            pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend).matvec(beta)
+            pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend,
+                                   dtype=np.float64).matvec(beta)
         else:
-            pred = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend) @ self.dual_coef_
+            pred = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend,
+                        dtype=np.float64) @ self.dual_coef_
         if out is not None:
             return _write_predictions(pred, out, overwrite)
         return pred.compute() if isinstance(Xv, np.ndarray) else pred
@@ -224,9 +234,14 @@ class KernelRidge(RegressorMixin, BaseEstimator):
 
     def _resolve_solver(self, solver: str, n: int) -> str:
         if solver == "auto":
-            solver = "exact" if n <= AUTO_EXACT_MAX_N else "nystrom"
-            logger.info("solver='auto' chose %r for n=%d (exact up to %d rows)", solver, n,
-                        AUTO_EXACT_MAX_N)
+            if self.n_centers is not None:
+                solver, why = "nystrom", f"n_centers={self.n_centers} was given"
+            elif n <= EXACT_MAX_N:
+                solver, why = "exact", f"n={n} <= EXACT_MAX_N={EXACT_MAX_N}: dense Cholesky"
+            else:  # iterative, but the same model: (K + alpha I) c = y solved to tol
+                solver, why = "cg", (f"n={n} > EXACT_MAX_N={EXACT_MAX_N}: preconditioned CG, "
+                                     "the exact model to tol")
+            logger.info("KernelRidge: solver='auto' chose %r (%s)", solver, why)
         if solver == "exact" and n > EXACT_MAX_N:
             raise ValueError(f"solver='exact' holds the dense n x n kernel matrix and allows "
                              f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
@@ -265,6 +280,11 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.dual_coef_, self.centers_ = np.ascontiguousarray(beta), np.ascontiguousarray(C)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals
         self.converged_ = bool(result.converged.all())
+
+
+def _float64(a: np.ndarray | da.Array) -> np.ndarray | da.Array:
+    """``a`` in float64; a dask array is cast lazily, chunk by chunk, as it is read."""
+    return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
 def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, str]:

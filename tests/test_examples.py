@@ -1,0 +1,88 @@
+"""The README's python snippets and the scripts in examples/ run as written, as scripts.
+
+Each runs in a fresh interpreter, as a user would run it: the embedded LocalCluster's
+worker processes re-import the script, which fails without an ``if __name__ ==
+"__main__":`` guard.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dkern import load
+from dkern.io import list_arrays, open_array
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The README's sizes, scaled down for the test. Each must occur in the README, so a
+#: snippet that changes fails here instead of silently running at full size.
+SCALED = {"n=1_000_000": "n=20_000", "X[:2000]": "X[:200]", "np.ones(2000)": "np.ones(200)",
+          "n_centers=2000": "n_centers=100"}
+
+
+def _gaussian(A, B, ell):
+    """Independent dense Gaussian kernel (scipy's cdist)."""
+    from scipy.spatial.distance import cdist
+
+    return np.exp(-cdist(A, B, "sqeuclidean") / (2 * ell**2))
+
+
+def run_script(path, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's dkern, in every worker too
+    return subprocess.run([sys.executable, str(path)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def readme_snippets():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_readme_snippets_run_as_scripts(tmp_path):
+    snippets = readme_snippets()
+    assert len(snippets) == 2, "update this test with the README's snippets"
+    for old in SCALED:
+        assert any(old in code for code in snippets), f"{old!r} is no longer in the README"
+    outputs = []
+    for i, code in enumerate(snippets):  # in order, in one folder: the second uses data.zarr
+        for old, new in SCALED.items():
+            code = code.replace(old, new)
+        script = tmp_path / f"readme_{i}.py"
+        script.write_text(code, encoding="utf-8")
+        result = run_script(script, tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        outputs.append(result.stdout)
+    store = str(tmp_path / "data.zarr")
+    assert {"Kv", "pred"} <= set(list_arrays(store))
+    # first snippet: Kv = K(X, X[:200]) @ 1 with k = 2 Gaussian(0.5) + Linear, checked densely
+    X, Kv = open_array(store, "X").compute(), open_array(store, "Kv").compute()
+    rows, Z = X[::997], X[:200]
+    want = (2.0 * _gaussian(rows, Z, 0.5) + rows @ Z.T).sum(1)
+    np.testing.assert_allclose(Kv[::997], want, rtol=1e-10)
+    # second snippet: the stored predictions are those of the dense normal equations
+    # (K_nmᵀ K_nm + α K_mm) β = K_nmᵀ y on the saved model's centres (Falkon ran to tol 1e-3),
+    # and the RMSE it prints is theirs
+    C, y = load(str(tmp_path / "model.zarr")).centers_, open_array(store, "y").compute()
+    Knm = _gaussian(X, C, 3.0)
+    beta = np.linalg.solve(Knm.T @ Knm + 1e-3 * _gaussian(C, C, 3.0), Knm.T @ y)
+    X_test, truth = open_array(store, "X_test").compute(), open_array(store, "y_test").compute()
+    pred = open_array(store, "pred").compute()
+    want = _gaussian(X_test, C, 3.0) @ beta
+    assert np.linalg.norm(pred - want) / np.linalg.norm(want) <= 1e-2
+    assert f"test RMSE {np.sqrt(np.mean((pred - truth) ** 2)):.4f}" in outputs[1]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def test_example_runs_as_written(example, tmp_path):
+    """Each example checks its own answer and exits 1 when it is wrong."""
+    result = run_script(ROOT / "examples" / example, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
