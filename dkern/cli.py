@@ -179,6 +179,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _solver_arguments(parser: argparse.ArgumentParser, *, tol: float) -> None:
+    """--alpha, --tol and --backend, added to each command that solves. Each parser gets
+    its own actions: with a shared parent parser, one command's default changed the
+    other's (demo's tol=1e-3 became fit's)."""
+    parser.add_argument("--alpha", type=float, default=1e-3, help="ridge penalty, (K + alpha I)")
+    parser.add_argument("--tol", type=float, default=tol, help="relative residual to reach")
+    parser.add_argument("--backend", choices=["auto", "numpy", "keops"], default="auto")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dkern", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dkern {__version__}")
@@ -208,12 +217,9 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     make.add_argument("--overwrite", action="store_true", help="replace arrays already there")
     make.set_defaults(run=_make_data)
-    solve = argparse.ArgumentParser(add_help=False)
-    solve.add_argument("--alpha", type=float, default=1e-3, help="ridge penalty, (K + alpha I)")
-    solve.add_argument("--tol", type=float, default=1e-6, help="relative residual to reach")
-    solve.add_argument("--backend", choices=["auto", "numpy", "keops"], default="auto")
-    fit = sub.add_parser("fit", parents=[common, cluster, solve],
+    fit = sub.add_parser("fit", parents=[common, cluster],
                          help="fit kernel ridge regression on arrays of a Zarr store")
+    _solver_arguments(fit, tol=1e-6)
     fit.add_argument("--data", required=True, help="store path or fsspec URL")
     fit.add_argument("--x", required=True, help="array of training rows (n, d)")
     fit.add_argument("--y", required=True, help="array of targets (n,) or (n, t)")
@@ -243,8 +249,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="replace an array already named --out")
     predict.add_argument("--y", default=None, help="array of true values: report the RMSE")
     predict.set_defaults(run=_predict)
-    demo = sub.add_parser("demo", parents=[common, cluster, solve],
+    demo = sub.add_parser("demo", parents=[common, cluster],
                           help="make a store, fit Nystrom KRR, predict to the store, report")
+    # tol 1e-3: the demo's test RMSE is that of a tight fit, in a fraction of the time
+    # (measured: benchmarks/RESULTS.md, "Figures behind two defaults").
+    _solver_arguments(demo, tol=1e-3)
     demo.add_argument("--n", type=_positive_int, default=200_000)
     demo.add_argument("--n-test", type=_positive_int, default=20_000)
     demo.add_argument("--d", type=_positive_int, default=8)
@@ -254,9 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--store", default=None,
                       help="where to write (default: a temp dir); the demo's arrays there "
                            "(X, y, X_test, y_test, pred) are replaced")
-    # tol 1e-3: the demo's test RMSE is that of a tight fit, in a fraction of the time
-    # (measured: benchmarks/RESULTS.md, "Figures behind two defaults").
-    demo.set_defaults(run=_demo, tol=1e-3)
+    demo.set_defaults(run=_demo)
     return parser
 
 
