@@ -79,7 +79,12 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     centers : {"uniform", "leverage"}, default="uniform"
         How centres are drawn: uniformly, or by approximate ridge leverage scores.
     tol : float, default=1e-6
-        Relative residual at which CG / Falkon stop (unused by ``"exact"``).
+        Relative residual at which CG / Falkon stop (unused by ``"exact"``). For
+        ``"nystrom"``, ``tol`` and ``residuals_`` refer to the preconditioned system
+        Falkon solves; the relative residual of the normal equations themselves,
+        ``‖K_nmᵀy − (K_nmᵀK_nm + αK_mm)β‖ / ‖K_nmᵀy‖``, can be larger by up to the
+        preconditioner's condition number (:func:`dkern.solvers.falkon` reports it as
+        ``NystromResult.normal_residuals``).
     max_iter : int, optional
         Iteration cap of CG / Falkon; default that of :func:`~dkern.solvers.cg` / ``falkon``.
     backend : {"auto", "numpy", "keops"}, default="auto"
