@@ -340,3 +340,29 @@ def test_opened_array_pickles_and_reads_with_threads(tmp_path):
     X = pickle.loads(pickle.dumps(open_array(url, "X")))
     with dask.config.set(scheduler="threads"):
         np.testing.assert_array_equal(X.compute(), x)
+
+
+def test_writing_back_an_opened_array_keeps_it_in_place(tmp_path, monkeypatch):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": x_data(n=30), "y": np.arange(30.0)}, chunk_rows=10)
+    X = open_array(url, "X")
+    path = stored_path(url, "X")
+    write_arrays(url, {"X": X, "y": np.zeros(30)}, overwrite=True)  # X is the stored X itself
+    assert stored_path(url, "X") == path  # kept, not copied and then deleted under X
+    np.testing.assert_array_equal(X.compute(), x_data(n=30))
+    np.testing.assert_array_equal(open_array(url, "y").compute(), np.zeros(30))
+    write_arrays(url, {"X": X[::-1]}, overwrite=True)  # a different array: written anew
+    assert stored_path(url, "X") != path
+    np.testing.assert_array_equal(open_array(url, "X").compute(), x_data(n=30)[::-1])
+
+
+def test_read_names_follow_the_stored_array_not_the_spelling_of_its_url(tmp_path, monkeypatch):
+    import shutil
+
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones(3)})
+    monkeypatch.chdir(tmp_path)
+    assert open_array("s", "X").name == open_array(url, "X").name == open_array(
+        f"file://{url}/", "X").name
+    shutil.copytree(url, tmp_path / "copy")
+    assert open_array(tmp_path / "copy", "X").name != open_array(url, "X").name

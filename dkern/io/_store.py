@@ -182,11 +182,14 @@ def sealed(pointer: dict[str, Any]) -> dict[str, Any]:
     return {**pointer, "checksum": checksum(pointer)}
 
 
-def read_name(group: str, name: str, entry: dict[str, Any]) -> str:
+def read_name(url: str, group: str, name: str, entry: dict[str, Any]) -> str:
     """The dask name :func:`dkern.io.open_array` gives a stored array: the same for every
-    opening of one published array, and a different one after any rewrite of it."""
+    opening of one published array (however a local path is spelled), a different one
+    after any rewrite of it and in any copy of the store."""
+    if "://" not in url or url.startswith("file://"):
+        url = os.path.abspath(url.removeprefix("file://"))
     label = "/".join(p for p in (group, name) if p)
-    return f"dkern-read-{label}-{tokenize(entry['path'], entry['uid'])}"
+    return f"dkern-read-{label}-{tokenize(url.rstrip('/'), entry['path'], entry['uid'])}"
 
 
 def plain_members(root: zarr.Group) -> list[str]:

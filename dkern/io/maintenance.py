@@ -194,17 +194,17 @@ def _orphans(
     store = _store.make_store(url, read_only=True)
     prefix = f"{group}/" if group else ""
     in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}
-    found = [f"{VERSIONS_DIR}/{name}" for name in _list_dir(store, f"{prefix}{VERSIONS_DIR}")
-             if name != "zarr.json"]
-    found = [p for p in found if p not in in_use and (p.endswith(".partial") or
-                                                       _folder_age(p) >= min_age)]
-    if deep:
-        found += [key.removeprefix(prefix) for key in sync(_keys(store.list_prefix(prefix)))
-                  if key.endswith(".partial") and not key.startswith(tuple(found))]
-    else:
-        found += [name for name in _list_dir(store, group) if name.endswith(".partial")]
-    return sorted({p for p in found if not p.endswith(".partial")
-                   or _file_age(url, group, p) >= min_age})
+    listed = [f"{VERSIONS_DIR}/{n}" for n in _list_dir(store, f"{prefix}{VERSIONS_DIR}")]
+    unused = [p for p in listed if not p.rpartition("/")[2].startswith("zarr.")
+              and p not in in_use]
+    partials = [p for p in listed if p.endswith(".partial")]
+    partials += [n for n in _list_dir(store, group) if n.endswith(".partial")]
+    if deep:  # inside unused folders they go with the folder, once its lease is free
+        partials += [key.removeprefix(prefix) for key in sync(_keys(store.list_prefix(prefix)))
+                     if key.endswith(".partial")
+                     and not key.removeprefix(prefix).startswith(tuple(f"{p}/" for p in unused))]
+    return sorted({p for p in unused if _folder_age(p) >= min_age}
+                  | {p for p in partials if _file_age(url, group, p) >= min_age})
 
 
 def _folder_age(path: str) -> float:

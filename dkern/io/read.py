@@ -65,7 +65,7 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
         dask_name = f"dkern-read-{path}-{tokenize(url, path, z.shape, str(z.dtype), z.chunks)}"
     else:
         z = _dkern_array(url, group, name, entry, verify=verify)
-        dask_name = read_name(group, name, entry)  # write_arrays recognises it by this name
+        dask_name = read_name(url, group, name, entry)  # write_arrays recognises it by this name
     return zarr_to_dask(z, url=url, label=path, name=dask_name)
 
 

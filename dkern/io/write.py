@@ -122,8 +122,8 @@ def write_arrays(
     new_attrs = _checked_attrs(attrs)
     current = find_group(url, group)
     listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
-    kept = {name: listed[name] for name, x in items if _is_stored(group, name, x, listed,
-                                                                  chunk_rows)}
+    kept = {name: listed[name] for name, x in items
+            if _is_stored(url, group, name, x, listed, chunk_rows)}
     sources = {name: _as_source(name, x, chunk_rows) for name, x in items if name not in kept}
     present = set(plain_members(current)) if current is not None else set()
     _check_overwrite(url, group, [n for n, _ in items], set(listed), present,
@@ -214,12 +214,13 @@ def _natural_rows(x: np.ndarray | da.Array) -> int:
     return default_row_chunk(x.shape[0], math.prod(x.shape[1:]), x.dtype.itemsize)
 
 
-def _is_stored(group: str, name: str, x: Any, listed: dict, chunk_rows: int | None) -> bool:
+def _is_stored(url: str, group: str, name: str, x: Any, listed: dict,
+               chunk_rows: int | None) -> bool:
     """Whether ``x`` is the array the group already holds as ``name`` (copying it would
     read the very chunks the publish then deletes)."""
     entry = listed.get(name)
     return (entry is not None and isinstance(x, da.Array)
-            and x.name == read_name(group, name, entry)
+            and x.name == read_name(url, group, name, entry)
             and chunk_rows in (None, entry["chunks"][0]))
 
 
