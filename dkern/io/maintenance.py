@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask.array as da
 import numpy as np
 import zarr
 from zarr.abc.store import Store
@@ -117,7 +118,7 @@ def check_store(url: Url, group: str = "") -> StoreReport:
             label = "/".join(p for p in (path, name) if p)
             try:
                 x = open_array(url, label)
-                x.map_blocks(_read_ok, dtype=bool, chunks=(1,) * x.ndim).compute()
+                da.map_blocks(_read_ok, x, dtype=bool, chunks=(1,) * x.ndim).compute()
             except StoreError as err:
                 report.damage.append(str(err))
             else:
