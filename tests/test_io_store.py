@@ -366,3 +366,18 @@ def test_read_names_follow_the_stored_array_not_the_spelling_of_its_url(tmp_path
         f"file://{url}/", "X").name
     shutil.copytree(url, tmp_path / "copy")
     assert open_array(tmp_path / "copy", "X").name != open_array(url, "X").name
+
+
+def test_an_edited_array_metadata_file_is_refused(tmp_path):
+    """The crc32c checks the stored bytes; the byte order in zarr.json says what they mean."""
+    url = str(tmp_path / "s")
+    x = x_data(n=20)
+    write_arrays(url, {"X": x})
+    meta = tmp_path / "s" / stored_path(url, "X") / "zarr.json"
+    text = meta.read_text()
+    assert text.count('"endian": "little"') == 1
+    meta.write_text(text.replace('"endian": "little"', '"endian": "big"'))
+    with pytest.raises(StoreError, match=r"the metadata of array 'X' \(.*/X/zarr.json\) fails "
+                                         "its checksum: it was edited or damaged"):
+        open_array(url, "X")
+    assert not np.array_equal(open_array(url, "X", verify=False).compute(), x)  # what it hid

@@ -6,7 +6,8 @@ table under the key ``"dkern"``::
     {"dkern": {"format": 2, "dkern_version": "0.1.0", "version": 3,
                "arrays": {"X": {"path": ".dkern/20260101T120000Z-3fa2c81d9e0b/X",
                                 "shape": [n, d], "dtype": "float64", "chunks": [c, d],
-                                "n_chunks": 7, "uid": "<hex>"}},
+                                "n_chunks": 7, "uid": "<hex>",
+                                "meta": "sha256:<hex of the array's zarr.json>"}},
                "attrs": {...},
                "checksum": "sha256:<hex of the canonical JSON of all the above>"}}
 
@@ -29,6 +30,7 @@ import zarr.errors
 from dask.base import tokenize
 from fsspec.core import url_to_fs
 from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
@@ -175,6 +177,12 @@ def checksum(pointer: dict[str, Any]) -> str:
     body = {key: value for key, value in pointer.items() if key != "checksum"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_digest(store: Store, key: str) -> str | None:
+    """``"sha256:<hex>"`` of the file ``key`` (an array's ``zarr.json``); None if absent."""
+    value = sync(store.get(key, prototype=default_buffer_prototype()))
+    return None if value is None else "sha256:" + hashlib.sha256(value.to_bytes()).hexdigest()
 
 
 def sealed(pointer: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dkern.io._store import (
     MissingChunk,
     StrictChunkStore,
     Url,
+    file_digest,
     make_store,
     open_group,
     plain_members,
@@ -39,10 +40,11 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
         A name in dkern's pointer table resolves to its latest published version;
         any other name opens the plain Zarr array ``group[path]`` as it is.
     verify : bool, default True
-        For arrays dkern wrote: check shape, dtype and chunks against the
-        pointer table now, and that every chunk exists when it is read (zarr
-        alone would read a missing chunk as the fill value). Checksums are
-        checked on every read either way.
+        For arrays dkern wrote: check the array's metadata file against its
+        checksum and its shape, dtype and chunks against the pointer table now,
+        and that every chunk exists when it is read (zarr alone would read a
+        missing chunk as the fill value). Chunk checksums are checked on every
+        read either way.
 
     Returns
     -------
@@ -161,6 +163,13 @@ def _dkern_array(
     full = "/".join(p for p in (group, entry["path"]) if p)
     store = make_store(url, read_only=True)
     if verify:
+        digest = file_digest(store, f"{full}/zarr.json")
+        if digest is not None and digest != entry["meta"]:
+            raise StoreError(
+                f"{where(url, group)}: the metadata of array {name!r} ({full}/zarr.json) fails "
+                "its checksum: it was edited or damaged after dkern wrote it (its codecs say "
+                "how the stored bytes are read). Rewrite the array from its source."
+            )
         store = StrictChunkStore(store, chunk_prefix=f"{full}/c/")
     try:
         z = zarr.open_array(store=store, path=full, mode="r", zarr_format=3)

@@ -45,6 +45,7 @@ from dkern.io._store import (
     FORMAT,
     POINTER_KEY,
     Url,
+    file_digest,
     find_group,
     missing_part,
     open_group,
@@ -313,6 +314,8 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
             "chunks": list(z.chunks),
             "n_chunks": z.nchunks,
             "uid": uid,
+            # the codecs (byte order included) decide what the checksummed bytes mean
+            "meta": file_digest(store, f"{prefix}{folder}/{name}/zarr.json"),
         }
         for name, z in targets.items()
     }
