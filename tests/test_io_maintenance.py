@@ -141,3 +141,15 @@ def test_cli_store_check_and_clean(tmp_path, capsys):
     assert code == 1 and out == ""
     assert err.startswith(f"dkern store: error: {url!r} is damaged: ") and (
         "array 'X': chunk (2,)" in err and "is missing" in err)
+
+
+def test_check_store_reports_a_group_whose_metadata_is_unreadable(tmp_path):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones(3)})
+    write_arrays(url, {"y": np.ones(2)}, group="g")
+    meta = os.path.join(url, "g", "zarr.json")
+    open(meta, "w").write(open(meta).read()[:-40])  # truncated, as by a full disk
+    report = check_store(url)
+    assert report.arrays == {"X": (3,)}
+    assert len(report.damage) == 1 and f"its metadata file '{meta}' is damaged" in (
+        report.damage[0])

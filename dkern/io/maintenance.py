@@ -230,8 +230,14 @@ def _groups(url: str, group: str) -> list[str]:
     found = [group]
     root = open_group(url, group, mode="r")
     for name in plain_members(root):
-        if isinstance(root.get(name), zarr.Group):
-            found += _groups(url, "/".join(p for p in (group, name) if p))
+        path = "/".join(p for p in (group, name) if p)
+        try:
+            is_group = isinstance(root.get(name), zarr.Group)
+        except (ValueError, TypeError, KeyError):  # damaged metadata: reported when opened
+            found.append(path)
+            continue
+        if is_group:
+            found += _groups(url, path)
     return found
 
 
