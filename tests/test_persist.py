@@ -212,3 +212,13 @@ def test_bit_flips_in_the_model_metadata_load_identically_or_raise_a_store_error
         f.write(original)
     assert outcomes["StoreError"] >= 100, outcomes  # nearly every flip changes what is read
     np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), expected)
+
+
+def test_saving_into_a_data_store_is_refused_without_overwrite(tmp_path):
+    url = str(tmp_path / "data.zarr")
+    dkern.io.write_arrays(url, {"X": X})
+    with pytest.raises(StoreError, match=r"already has arrays \['X'\]; pass overwrite=True to "
+                                         r"replace them \(all of them: this write replaces the "
+                                         "whole group"):
+        dkern.save(KernelRidge(solver="exact").fit(X, Y), url)
+    np.testing.assert_array_equal(dkern.io.open_array(url, "X").compute(), X)

@@ -230,9 +230,10 @@ def _check_overwrite(url: str, group: str, names: list[str], listed: set[str],
     replaced = listed if replace_all else listed & set(names)
     clashes = sorted(replaced | (present & set(names)))
     if clashes and not overwrite:
+        scope = " (all of them: this write replaces the whole group)" if replace_all else ""
         raise StoreError(
             f"{where(url, group)} already has arrays {clashes}; pass overwrite=True to "
-            "replace them (the old ones stay readable until the new ones are complete)."
+            f"replace them{scope} (the old ones stay readable until the new ones are complete)."
         )
 
 
