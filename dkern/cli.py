@@ -154,7 +154,9 @@ def _add_store_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     store = sub.add_parser("store", parents=[common],
                            help="check a store (every chunk and checksum) or clean it "
                                 "(delete what no pointer uses)")
-    store.add_argument("action", choices=["check", "clean"])
+    store.add_argument("action", choices=["check", "clean"],
+                       help="check: read every chunk, exit 1 naming any damage; clean: delete "
+                            "leftovers no pointer uses")
     store.add_argument("url", help="store path or fsspec URL")
     store.add_argument("--group", default="", help="only this group (and those below it)")
     store.add_argument("--min-age", type=float, default=None,
