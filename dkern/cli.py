@@ -1,4 +1,4 @@
-"""The ``dkern`` command: ``info``, ``make-data``, ``fit``, ``predict`` and ``demo``.
+"""The ``dkern`` command: ``info``, ``make-data``, ``fit``, ``predict``, ``demo``, ``store``.
 
 The command line is the one place that writes to the terminal; the library
 itself only logs. ``--json`` prints one JSON object for scripts, ``--quiet``
@@ -148,6 +148,38 @@ def _demo(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _store_command(args: argparse.Namespace) -> dict[str, Any]:
+    """``dkern store check|clean URL``: verify every array, or reclaim leftovers."""
+    from .errors import StoreError
+    from .io import check_store, clean_store
+
+    if args.action == "clean":
+        removed = clean_store(args.url, args.group, min_age=args.min_age)
+        return {"store": args.url, "removed": removed}
+    report = check_store(args.url, args.group)
+    if not report.ok:
+        raise StoreError(f"{args.url!r} is damaged: " + "; ".join(report.damage)
+                         + " (`dkern store clean` never repairs damage: rewrite what is named.)")
+    return {"store": args.url, "arrays": {k: list(v) for k, v in report.arrays.items()},
+            "orphans": report.orphans}
+
+
+def _add_store_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    store = sub.add_parser("store", parents=[common],
+                           help="check a store (every chunk and checksum) or clean it "
+                                "(delete what no pointer uses)")
+    store.add_argument("action", choices=["check", "clean"],
+                       help="check: read every chunk, exit 1 naming any damage; clean: delete "
+                            "leftovers no pointer uses")
+    store.add_argument("url", help="store path or fsspec URL")
+    store.add_argument("--group", default="", help="only this group (and those below it)")
+    store.add_argument("--min-age", type=float, default=None,
+                       help="clean: keep leftovers younger than this many seconds (default: "
+                            "10 on local disk, where live writers are also protected by a "
+                            "lease; 86400 on fsspec stores)")
+    store.set_defaults(run=_store_command)
+
+
 class _client:
     """Context manager: ``dkern.connect`` for the run, closed (with its cluster) after."""
 
@@ -264,6 +296,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="where to write (default: a temp dir); the demo's arrays there "
                            "(X, y, X_test, y_test, pred) are replaced")
     demo.set_defaults(run=_demo)
+    _add_store_parser(sub, common)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import re
 import uuid
 
 import dask
@@ -33,6 +34,21 @@ def pointer(url, group=""):
 
 def version_dirs(path):
     return sorted(set(os.listdir(os.path.join(path, ".dkern"))) - {"zarr.json"})
+
+
+def stored_path(url, name, group=""):
+    """Where the pointer says ``name`` lives, e.g. ``.dkern/<folder>/X``."""
+    return pointer(url, group)["arrays"][name]["path"]
+
+
+def folder(url, name):
+    return stored_path(url, name).split("/")[1]
+
+
+def reseal(g, p):
+    """Publish an edited pointer the way dkern would (with a valid checksum)."""
+    from dkern.io._store import sealed
+    g.update_attributes({"dkern": sealed({k: v for k, v in p.items() if k != "checksum"})})
 
 
 def x_data(n=1001, d=3, dtype=np.float64):
@@ -83,19 +99,19 @@ def test_layout_manifest_and_codecs(tmp_path):
     url = str(tmp_path / "s")
     write_arrays(url, {"X": x_data(n=10)}, attrs={"kernel": "rbf"}, chunk_rows=4)
     p = pointer(url)
-    assert p["format"] == 1 and p["version"] == 1 and p["attrs"] == {"kernel": "rbf"}
+    assert p["format"] == 2 and p["version"] == 1 and p["attrs"] == {"kernel": "rbf"}
     entry = p["arrays"]["X"]
-    assert entry["path"] == ".dkern/v1/X"
+    assert re.fullmatch(r"\.dkern/\d{8}T\d{6}Z-[0-9a-f]{16}/X", entry["path"])
     assert (entry["shape"], entry["dtype"], entry["chunks"], entry["n_chunks"]) == (
         [10, 3],
         "float64",
         [4, 3],
         3,
     )
-    z = zarr.open_array(url, path=".dkern/v1/X", mode="r")
+    z = zarr.open_array(url, path=entry["path"], mode="r")
     names = [type(c).__name__ for c in z.metadata.codecs]
     assert names == ["BytesCodec", "ZstdCodec", "Crc32cCodec"]
-    assert sorted(os.listdir(tmp_path / "s/.dkern/v1/X/c")) == ["0", "1", "2"]
+    assert sorted(os.listdir(tmp_path / "s" / entry["path"] / "c")) == ["0", "1", "2"]
 
 
 def test_list_and_attrs_merge_across_writes(url):
@@ -108,9 +124,11 @@ def test_list_and_attrs_merge_across_writes(url):
 def test_writing_pred_keeps_x(url):
     x = x_data(n=50)
     write_arrays(url, {"X": x})
+    before = stored_path(url, "X")
     write_array(np.arange(50.0), url, "pred")
-    assert pointer(url)["arrays"]["X"]["path"] == ".dkern/v1/X"
-    assert pointer(url)["arrays"]["pred"]["path"] == ".dkern/v2/pred"
+    assert stored_path(url, "X") == before
+    assert stored_path(url, "pred").split("/")[1] != before.split("/")[1]
+    assert pointer(url)["version"] == 2
     np.testing.assert_array_equal(open_array(url, "X").compute(), x)
 
 
@@ -121,7 +139,7 @@ def test_overwrite_refused_and_old_data_intact(tmp_path):
     with pytest.raises(StoreError, match=r"already has arrays \['X'\]; pass overwrite=True"):
         write_arrays(url, {"X": np.zeros((5, 2)), "z": np.zeros(5)})
     assert pointer(url) == before
-    assert version_dirs(url) == ["v1"]  # nothing was created for the refused write
+    assert version_dirs(url) == [folder(url, "X")]  # nothing was created for the refused write
     np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones((5, 2)))
     assert list_arrays(url) == ["X", "y"]
 
@@ -129,11 +147,13 @@ def test_overwrite_refused_and_old_data_intact(tmp_path):
 def test_overwrite_replaces_and_deletes_superseded(tmp_path):
     url = str(tmp_path / "s")
     write_arrays(url, {"X": np.ones((5, 2)), "y": np.ones(5)})
+    first = folder(url, "y")
     write_arrays(url, {"X": np.zeros((5, 2))}, overwrite=True)
-    assert version_dirs(url) == ["v1", "v2"]  # y still lives in v1
-    assert sorted(os.listdir(tmp_path / "s/.dkern/v1")) == ["y", "zarr.json"]
+    second = folder(url, "X")
+    assert version_dirs(url) == sorted([first, second])  # y still lives in the first
+    assert sorted(os.listdir(tmp_path / "s/.dkern" / first)) == ["y", "zarr.json"]
     write_arrays(url, {"y": np.zeros(5)}, overwrite=True)
-    assert version_dirs(url) == ["v2", "v3"]  # v1 held nothing in use any more
+    assert version_dirs(url) == sorted([second, folder(url, "y")])  # first held nothing in use
     np.testing.assert_array_equal(open_array(url, "X").compute(), np.zeros((5, 2)))
     np.testing.assert_array_equal(open_array(url, "y").compute(), np.zeros(5))
 
@@ -153,7 +173,7 @@ def test_crash_mid_write_keeps_previous_version(tmp_path):
     with pytest.raises(RuntimeError, match="worker died"):
         write_arrays(url, {"X": bad, "y": np.zeros(100)}, overwrite=True, chunk_rows=10)
     assert pointer(url) == before
-    assert version_dirs(url) == ["v1"]  # the partial version was removed
+    assert version_dirs(url) == [folder(url, "X")]  # the partial version was removed
     np.testing.assert_array_equal(open_array(url, "X").compute(), old)
     np.testing.assert_array_equal(open_array(url, "y").compute(), old[:, 0])
 
@@ -185,17 +205,19 @@ def test_leftovers_of_a_killed_write_are_never_visible_and_get_replaced(tmp_path
     url = str(tmp_path / "s")
     write_arrays(url, {"X": np.ones((4, 2))})
     # A process killed mid-write leaves an unpublished version behind.
-    zarr.create_array(url, name=".dkern/v2/X", shape=(4, 2), dtype="f8", fill_value=7.0)
+    zarr.create_array(url, name=".dkern/20000101T000000Z-0123456789abcdef/X", shape=(4, 2),
+                      dtype="f8", fill_value=7.0)
     np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones((4, 2)))
     write_arrays(url, {"y": np.arange(3.0)})
-    assert sorted(os.listdir(tmp_path / "s/.dkern/v2")) == ["y", "zarr.json"]
+    # the next publish collected it (older than the grace period, no live writer's lease)
+    assert version_dirs(url) == sorted([folder(url, "X"), folder(url, "y")])
     np.testing.assert_array_equal(open_array(url, "y").compute(), np.arange(3.0))
 
 
 def test_flipped_byte_raises_corrupt_chunk_naming_it(tmp_path):
     url = str(tmp_path / "s")
     write_arrays(url, {"X": x_data(n=100)}, chunk_rows=30)
-    chunk = tmp_path / "s/.dkern/v1/X/c/2/0"
+    chunk = tmp_path / "s" / stored_path(url, "X") / "c/2/0"
     raw = bytearray(chunk.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     chunk.write_bytes(bytes(raw))
@@ -210,10 +232,10 @@ def test_flipped_byte_raises_corrupt_chunk_naming_it(tmp_path):
 def test_deleted_chunk_raises_corrupt_chunk(tmp_path):
     url = str(tmp_path / "s")
     write_arrays(url, {"y": np.arange(100.0)}, chunk_rows=30)
-    os.remove(tmp_path / "s/.dkern/v1/y/c/1")
+    os.remove(tmp_path / "s" / stored_path(url, "y") / "c/1")
     with pytest.raises(
         CorruptChunkError,
-        match=r"array 'y': chunk \(1,\) \(key '.dkern/v1/y/c/1'"
+        match=rf"array 'y': chunk \(1,\) \(key '{stored_path(url, 'y')}/c/1'"
         r"\) is missing",
     ):
         open_array(url, "y").compute()
@@ -224,7 +246,7 @@ def test_deleted_chunk_raises_corrupt_chunk(tmp_path):
 def test_all_zero_chunks_are_written(tmp_path):
     url = str(tmp_path / "s")
     write_arrays(url, {"z": np.zeros((20, 2))}, chunk_rows=10)
-    assert sorted(os.listdir(tmp_path / "s/.dkern/v1/z/c")) == ["0", "1"]
+    assert sorted(os.listdir(tmp_path / "s" / stored_path(url, "z") / "c")) == ["0", "1"]
     np.testing.assert_array_equal(open_array(url, "z").compute(), np.zeros((20, 2)))
 
 
@@ -234,15 +256,15 @@ def test_manifest_mismatch_and_unknown_format(tmp_path):
     g = zarr.open_group(url, mode="a")
     p = g.attrs["dkern"]
     p["arrays"]["X"]["shape"] = [5, 2]
-    g.update_attributes({"dkern": p})
+    reseal(g, p)
     with pytest.raises(StoreError, match=r"'X' does not match its manifest: expected \{'shape'"):
         open_array(url, "X")
     p["arrays"]["X"].update(shape=[4, 2], n_chunks=3)
-    g.update_attributes({"dkern": p})
+    reseal(g, p)
     with pytest.raises(StoreError, match=r"expected .*'n_chunks': 3\}, found .*'n_chunks': 1\}"):
         open_array(url, "X")
     g.update_attributes({"dkern": {**p, "format": 99}})
-    with pytest.raises(StoreError, match="pointer of format 99; this dkern reads format 1"):
+    with pytest.raises(StoreError, match="pointer of format 99; this dkern reads format 2"):
         open_array(url, "X")
 
 
@@ -318,3 +340,44 @@ def test_opened_array_pickles_and_reads_with_threads(tmp_path):
     X = pickle.loads(pickle.dumps(open_array(url, "X")))
     with dask.config.set(scheduler="threads"):
         np.testing.assert_array_equal(X.compute(), x)
+
+
+def test_writing_back_an_opened_array_keeps_it_in_place(tmp_path, monkeypatch):
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": x_data(n=30), "y": np.arange(30.0)}, chunk_rows=10)
+    X = open_array(url, "X")
+    path = stored_path(url, "X")
+    write_arrays(url, {"X": X, "y": np.zeros(30)}, overwrite=True)  # X is the stored X itself
+    assert stored_path(url, "X") == path  # kept, not copied and then deleted under X
+    np.testing.assert_array_equal(X.compute(), x_data(n=30))
+    np.testing.assert_array_equal(open_array(url, "y").compute(), np.zeros(30))
+    write_arrays(url, {"X": X[::-1]}, overwrite=True)  # a different array: written anew
+    assert stored_path(url, "X") != path
+    np.testing.assert_array_equal(open_array(url, "X").compute(), x_data(n=30)[::-1])
+
+
+def test_read_names_follow_the_stored_array_not_the_spelling_of_its_url(tmp_path, monkeypatch):
+    import shutil
+
+    url = str(tmp_path / "s")
+    write_arrays(url, {"X": np.ones(3)})
+    monkeypatch.chdir(tmp_path)
+    assert open_array("s", "X").name == open_array(url, "X").name == open_array(
+        f"file://{url}/", "X").name
+    shutil.copytree(url, tmp_path / "copy")
+    assert open_array(tmp_path / "copy", "X").name != open_array(url, "X").name
+
+
+def test_an_edited_array_metadata_file_is_refused(tmp_path):
+    """The crc32c checks the stored bytes; the byte order in zarr.json says what they mean."""
+    url = str(tmp_path / "s")
+    x = x_data(n=20)
+    write_arrays(url, {"X": x})
+    meta = tmp_path / "s" / stored_path(url, "X") / "zarr.json"
+    text = meta.read_text()
+    assert text.count('"endian": "little"') == 1
+    meta.write_text(text.replace('"endian": "little"', '"endian": "big"'))
+    with pytest.raises(StoreError, match=r"the metadata of array 'X' \(.*/X/zarr.json\) fails "
+                                         "its checksum: it was edited or damaged"):
+        open_array(url, "X")
+    assert not np.array_equal(open_array(url, "X", verify=False).compute(), x)  # what it hid

@@ -121,3 +121,104 @@ def test_save_refuses_unfitted_and_unrestorable_models(tmp_path):
 
 def _row_norm(rows):
     return 1.0 + np.linalg.norm(rows, axis=1)
+
+
+def stored_folders(url):
+    """Every version folder in the store, and those the pointer uses."""
+    import os
+
+    import zarr
+    on_disk = set(os.listdir(os.path.join(url, ".dkern"))) - {"zarr.json"}
+    entries = zarr.open_group(url, mode="r").attrs["dkern"]["arrays"].values()
+    return on_disk, {e["path"].split("/")[1] for e in entries}
+
+
+def test_saving_over_a_model_leaves_exactly_the_new_model(tmp_path):
+    old = KernelRidge(KERNEL, alpha=0.3, solver="exact").fit(X, Y)
+    url, _ = roundtrip(old, tmp_path)
+    new = KernelRidge(alpha=1.0, solver="nystrom", n_centers=30, random_state=0).fit(X, Y)
+    dkern.save(new, url, overwrite=True)
+    assert dkern.io.list_arrays(url) == ["centers", "dual_coef", "residuals"]  # no X_fit
+    on_disk, used = stored_folders(url)
+    assert on_disk == used  # the old n x d X_fit is gone from the disk too
+    assert set(dkern.io.read_attrs(url)) == {"dkern_model", "format", "dkern_version", "kernel",
+                                              "kernel_is_default", "params", "fitted"}
+    assert np.array_equal(dkern.load(url).predict(X_NEW), new.predict(X_NEW))
+
+
+def test_resaving_a_lazily_loaded_model_to_its_own_url_keeps_it_working(tmp_path):
+    Xd = da.from_array(X, chunks=100)
+    model = KernelRidge(Laplacian(1.5), alpha=0.2, solver="cg", tol=1e-9,
+                        random_state=1).fit(Xd, Y[:, 0])
+    url, loaded = roundtrip(model, tmp_path)
+    assert isinstance(loaded.X_fit_, da.Array) and isinstance(loaded.dual_coef_, da.Array)
+    before = loaded.predict(X_NEW)
+    dkern.save(loaded, url, overwrite=True)  # its X_fit_ and dual_coef_ read this very store
+    np.testing.assert_array_equal(loaded.predict(X_NEW), before)
+    np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), model.predict(X_NEW))
+    report = dkern.io.check_store(url)
+    assert report.ok and report.orphans == []
+
+
+@pytest.mark.parametrize("name", ["predict", "__class__", "kernel"])
+def test_load_sets_only_known_fitted_attributes(tmp_path, name):
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    fitted = {**dkern.io.read_attrs(url)["fitted"], name: 1}
+    dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"fitted": fitted})  # checksummed
+    with pytest.raises(StoreError, match=rf"'fitted' attributes name \['{name}'\] \(unknown "
+                                         "to dkern.load"):
+        dkern.load(url)
+
+
+def _model_json(url):
+    import os
+    return os.path.join(url, "zarr.json")
+
+
+def test_an_edited_lengthscale_is_refused_naming_the_file(tmp_path):
+    model = KernelRidge(Gaussian(0.5), alpha=0.1, solver="exact").fit(X, Y)
+    url, _ = roundtrip(model, tmp_path)
+    path = _model_json(url)
+    text = open(path).read()
+    assert text.count("lengthscale=0.5") == 1
+    with open(path, "w") as f:
+        f.write(text.replace("lengthscale=0.5", "lengthscale=0.9"))
+    with pytest.raises(StoreError, match=rf"the dkern pointer in '{path}' fails its checksum: "
+                                         "the file was edited or damaged.*dkern.save the model"):
+        dkern.load(url)
+
+
+def test_bit_flips_in_the_model_metadata_load_identically_or_raise_a_store_error(tmp_path):
+    model = KernelRidge(Gaussian([1.0, 2.0, 0.5]), alpha=0.1, solver="exact").fit(X, Y)
+    url, _ = roundtrip(model, tmp_path)
+    expected = model.predict(X_NEW)
+    path = _model_json(url)
+    original = open(path, "rb").read()
+    rng = np.random.default_rng(17)
+    outcomes = {"identical": 0, "StoreError": 0}
+    for _ in range(150):
+        raw = bytearray(original)
+        raw[rng.integers(len(raw))] ^= 1 << int(rng.integers(8))
+        with open(path, "wb") as f:
+            f.write(bytes(raw))
+        try:
+            got = dkern.load(url).predict(X_NEW)
+        except StoreError:
+            outcomes["StoreError"] += 1
+        else:
+            assert np.array_equal(got, expected)  # e.g. a flip in insignificant whitespace
+            outcomes["identical"] += 1
+    with open(path, "wb") as f:
+        f.write(original)
+    assert outcomes["StoreError"] >= 100, outcomes  # nearly every flip changes what is read
+    np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), expected)
+
+
+def test_saving_into_a_data_store_is_refused_without_overwrite(tmp_path):
+    url = str(tmp_path / "data.zarr")
+    dkern.io.write_arrays(url, {"X": X})
+    with pytest.raises(StoreError, match=r"already has arrays \['X'\]; pass overwrite=True to "
+                                         r"replace them \(all of them: this write replaces the "
+                                         "whole group"):
+        dkern.save(KernelRidge(solver="exact").fit(X, Y), url)
+    np.testing.assert_array_equal(dkern.io.open_array(url, "X").compute(), X)

@@ -4,15 +4,20 @@ The only dkern package that imports zarr. Data flow::
 
     numpy / dask / zarr / (url, path)  --as_rows-->  dask array chunked by rows
     {name: array}  --write_arrays-->  store  --open_array-->  verified dask array
+    store  --check_store / clean_store-->  damage report / leftovers reclaimed
 """
 
+from dkern.io.maintenance import StoreReport, check_store, clean_store
 from dkern.io.read import list_arrays, open_array, read_attrs
 from dkern.io.rows import as_rows, default_row_chunk, is_lazy, is_store_ref
 from dkern.io.synthetic import make_regression_store
 from dkern.io.write import write_array, write_arrays
 
 __all__ = [
+    "StoreReport",
     "as_rows",
+    "check_store",
+    "clean_store",
     "default_row_chunk",
     "is_lazy",
     "is_store_ref",

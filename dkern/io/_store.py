@@ -3,25 +3,35 @@
 A dkern store is a Zarr v3 group. Its ``zarr.json`` attributes hold one pointer
 table under the key ``"dkern"``::
 
-    {"dkern": {"format": 1, "dkern_version": "0.1.0", "version": 3,
-               "arrays": {"X": {"path": ".dkern/v3/X", "shape": [n, d],
-                                "dtype": "float64", "chunks": [c, d],
-                                "n_chunks": 7, "uid": "<hex>"}},
-               "attrs": {...}}}
+    {"dkern": {"format": 2, "dkern_version": "0.1.0", "version": 3,
+               "arrays": {"X": {"path": ".dkern/20260101T120000Z-3fa2c81d9e0b/X",
+                                "shape": [n, d], "dtype": "float64", "chunks": [c, d],
+                                "n_chunks": 7, "uid": "<hex>",
+                                "meta": "sha256:<hex of the array's zarr.json>"}},
+               "attrs": {...},
+               "checksum": "sha256:<hex of the canonical JSON of all the above>"}}
 
-The arrays themselves live at hidden versioned paths ``.dkern/v{k}/<name>``;
-readers only follow the pointer, so the pointer update is the publish.
+The arrays themselves live in hidden version folders ``.dkern/<UTC time>-<random>/``,
+one per write, named without looking at the pointer so that concurrent writers never
+share one. Readers only follow the pointer, so the pointer update is the publish; the
+checksum makes any edit of it (a model's kernel and parameters live in ``attrs``) an
+error instead of a silently different model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
 import zarr
 import zarr.errors
+from dask.base import tokenize
 from fsspec.core import url_to_fs
 from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 if TYPE_CHECKING:
@@ -31,7 +41,8 @@ if TYPE_CHECKING:
 from dkern.errors import StoreError
 
 POINTER_KEY = "dkern"
-FORMAT = 1
+#: 2: version folders named by time and uuid, and a checksummed pointer.
+FORMAT = 2
 VERSIONS_DIR = ".dkern"
 
 Url = str | os.PathLike[str]
@@ -78,11 +89,26 @@ def _open(url: str, group: str, mode: Literal["r", "a"]) -> zarr.Group:
     store = make_store(url, read_only=mode == "r")
     try:
         return zarr.open_group(store=store, path=group, mode=mode, zarr_format=3)
+    except zarr.errors.ContainsGroupError:  # another writer created it just now
+        return zarr.open_group(store=store, path=group, mode="r+", zarr_format=3)
     except zarr.errors.ContainsArrayError:
         raise StoreError(
             f"{where(url, group)} is a Zarr array, expected a group holding arrays. "
             "Pass the URL of the enclosing group and the array's name as the path."
         ) from None
+    except FileNotFoundError:  # zarr's NodeNotFoundError is one (and a ValueError)
+        raise
+    except (ValueError, TypeError, KeyError) as err:  # zarr.json is not valid JSON or metadata
+        raise StoreError(
+            f"{where(url, group)}: its metadata file {metadata_file(url, group)!r} is "
+            f"damaged ({type(err).__name__}: {err}). Restore the file from a backup, or "
+            "rewrite the store from its sources."
+        ) from err
+
+
+def metadata_file(url: str, group: str) -> str:
+    """The path of a group's ``zarr.json``, for messages."""
+    return "/".join(p for p in (url.rstrip("/"), group, "zarr.json") if p)
 
 
 def missing_part(url: str, group: str) -> tuple[str, bool] | None:
@@ -98,19 +124,30 @@ def missing_part(url: str, group: str) -> tuple[str, bool] | None:
     return None
 
 
-def remove_created(url: str, created: tuple[str, bool]) -> None:
-    """Undo what a failed write created (see :func:`missing_part`), leaving whatever
-    was there before untouched."""
+def remove_created(url: str, group: str, created: tuple[str, bool]) -> None:
+    """Undo what a failed write to ``group`` created (see :func:`missing_part`), leaving
+    whatever was there before untouched. Call it holding the group's publish lock; it
+    keeps everything once another writer has published or is writing to ``group``."""
     path, new_location = created
-    fs, root = url_to_fs(url)
+    root = find_group(url, group)
+    if root is not None and (read_pointer(root, url, group) or _other_folders(root)):
+        return
+    fs, location = url_to_fs(url)
     if new_location:
-        fs.rm(root, recursive=True)
+        fs.rm(location, recursive=True)
     elif path == "":  # an existing folder that was not a store: only dkern's own files
-        fs.rm([p for p in (f"{root}/zarr.json", f"{root}/{VERSIONS_DIR}") if fs.exists(p)],
-              recursive=True)
+        fs.rm([p for p in (f"{location}/zarr.json", f"{location}/{VERSIONS_DIR}")
+               if fs.exists(p)], recursive=True)
     else:
         parent, _, name = path.rpartition("/")
         del _open(url, parent, "a")[name]
+
+
+def _other_folders(root: zarr.Group) -> bool:
+    """Whether the group's version tree holds any folder (the failed write removed its own)."""
+    prefix = "/".join(p for p in (root.path, VERSIONS_DIR) if p)
+    names = sync(_collect(root.store.list_dir(prefix)))
+    return any(not name.startswith("zarr.") for name in names)
 
 
 def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
@@ -122,14 +159,61 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
         found = pointer.get("format") if isinstance(pointer, dict) else type(pointer).__name__
         raise StoreError(
             f"{where(url, group)} has a dkern pointer of format {found!r}; this dkern "
-            f"reads format {FORMAT}. Upgrade dkern, or rewrite the store."
+            f"reads format {FORMAT}. Rewrite the store with this dkern (or read it with the "
+            "dkern that wrote it)."
+        )
+    if pointer.get("checksum") != checksum(pointer):
+        raise StoreError(
+            f"{where(url, group)}: the dkern pointer in {metadata_file(url, group)!r} fails "
+            "its checksum: the file was edited or damaged after dkern wrote it (a model's "
+            "kernel and parameters are stored there, so it cannot be trusted). Restore the "
+            "file from a backup, or rewrite the store (dkern.save the model again)."
         )
     return pointer
 
 
+def checksum(pointer: dict[str, Any]) -> str:
+    """``"sha256:<hex>"`` of the pointer's canonical JSON, without its checksum."""
+    body = {key: value for key, value in pointer.items() if key != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_digest(store: Store, key: str) -> str | None:
+    """``"sha256:<hex>"`` of the file ``key`` (an array's ``zarr.json``); None if absent."""
+    value = sync(store.get(key, prototype=default_buffer_prototype()))
+    return None if value is None else "sha256:" + hashlib.sha256(value.to_bytes()).hexdigest()
+
+
+def sealed(pointer: dict[str, Any]) -> dict[str, Any]:
+    """The pointer with its checksum added, ready to publish."""
+    return {**pointer, "checksum": checksum(pointer)}
+
+
+def read_name(url: str, group: str, name: str, entry: dict[str, Any]) -> str:
+    """The dask name :func:`dkern.io.open_array` gives a stored array: the same for every
+    opening of one published array (however a local path is spelled), a different one
+    after any rewrite of it and in any copy of the store."""
+    if "://" not in url or url.startswith("file://"):
+        url = os.path.abspath(url.removeprefix("file://"))
+    label = "/".join(p for p in (group, name) if p)
+    return f"dkern-read-{label}-{tokenize(url.rstrip('/'), entry['path'], entry['uid'])}"
+
+
 def plain_members(root: zarr.Group) -> list[str]:
-    """Names of the group's direct children, without dkern's hidden version tree."""
-    return sorted(name for name, _ in root.members() if not name.startswith("."))
+    """Names of the group's direct child nodes, without dkern's hidden version tree.
+
+    Listed from the store rather than with ``root.members()``, which warns about every
+    stray file (a ``*.partial`` left by a killed write) in the group's folder.
+    """
+    store, prefix = root.store, f"{root.path}/" if root.path else ""
+    names = sync(_collect(store.list_dir(root.path)))
+    return sorted(n for n in names
+                  if not n.startswith(".") and sync(store.exists(f"{prefix}{n}/zarr.json")))
+
+
+async def _collect(items: Any) -> list[str]:
+    return [item async for item in items]
 
 
 class MissingChunk(KeyError):

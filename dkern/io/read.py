@@ -16,9 +16,11 @@ from dkern.io._store import (
     MissingChunk,
     StrictChunkStore,
     Url,
+    file_digest,
     make_store,
     open_group,
     plain_members,
+    read_name,
     read_pointer,
     where,
 )
@@ -38,10 +40,11 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
         A name in dkern's pointer table resolves to its latest published version;
         any other name opens the plain Zarr array ``group[path]`` as it is.
     verify : bool, default True
-        For arrays dkern wrote: check shape, dtype and chunks against the
-        pointer table now, and that every chunk exists when it is read (zarr
-        alone would read a missing chunk as the fill value). Checksums are
-        checked on every read either way.
+        For arrays dkern wrote: check the array's metadata file against its
+        checksum and its shape, dtype and chunks against the pointer table now,
+        and that every chunk exists when it is read (zarr alone would read a
+        missing chunk as the fill value). Chunk checksums are checked on every
+        read either way.
 
     Returns
     -------
@@ -61,11 +64,11 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
     entry = read_pointer(root, url, group).get("arrays", {}).get(name)
     if entry is None:
         z = _plain_array(root, url, group, name)
-        token = tokenize(url, path, z.shape, str(z.dtype), z.chunks)
+        dask_name = f"dkern-read-{path}-{tokenize(url, path, z.shape, str(z.dtype), z.chunks)}"
     else:
         z = _dkern_array(url, group, name, entry, verify=verify)
-        token = tokenize(url, group, entry["path"], entry["uid"])
-    return zarr_to_dask(z, url=url, label=path, token=token)
+        dask_name = read_name(url, group, name, entry)  # write_arrays recognises it by this name
+    return zarr_to_dask(z, url=url, label=path, name=dask_name)
 
 
 def read_attrs(url: Url, group: str = "") -> dict[str, Any]:
@@ -87,7 +90,7 @@ def list_arrays(url: Url, group: str = "") -> list[str]:
     return _names(root, url, group)
 
 
-def zarr_to_dask(z: zarr.Array, *, url: str, label: str, token: str) -> da.Array:
+def zarr_to_dask(z: zarr.Array, *, url: str, label: str, name: str) -> da.Array:
     """A dask array with one block per chunk of ``z``, read by :func:`_read_block`."""
     chunks = normalize_chunks(z.chunks, z.shape)
     return da.map_blocks(
@@ -98,7 +101,7 @@ def zarr_to_dask(z: zarr.Array, *, url: str, label: str, token: str) -> da.Array
         chunks=chunks,
         dtype=z.dtype,
         meta=np.empty((0,) * z.ndim, dtype=z.dtype),
-        name=f"dkern-read-{label}-{token}",
+        name=name,
     )
 
 
@@ -160,6 +163,13 @@ def _dkern_array(
     full = "/".join(p for p in (group, entry["path"]) if p)
     store = make_store(url, read_only=True)
     if verify:
+        digest = file_digest(store, f"{full}/zarr.json")
+        if digest is not None and digest != entry["meta"]:
+            raise StoreError(
+                f"{where(url, group)}: the metadata of array {name!r} ({full}/zarr.json) fails "
+                "its checksum: it was edited or damaged after dkern wrote it (its codecs say "
+                "how the stored bytes are read). Rewrite the array from its source."
+            )
         store = StrictChunkStore(store, chunk_prefix=f"{full}/c/")
     try:
         z = zarr.open_array(store=store, path=full, mode="r", zarr_format=3)
@@ -168,6 +178,11 @@ def _dkern_array(
             f"{where(url, group)}: the pointer table lists array {name!r} at {entry['path']!r} "
             "but no array is there; the store is damaged. Rewrite the array."
         ) from None
+    except (ValueError, TypeError, KeyError) as err:  # its zarr.json is damaged
+        raise StoreError(
+            f"{where(url, group)}: the metadata of array {name!r} ({full}/zarr.json) is "
+            f"damaged ({type(err).__name__}: {err}). Rewrite the array from its source."
+        ) from err
     if verify:
         found = {"shape": list(z.shape), "dtype": str(z.dtype), "chunks": list(z.chunks),
                  "n_chunks": z.nchunks}

@@ -203,7 +203,7 @@ def _stored_rows(
     if isinstance(X, zarr.Array):
         where = str(X.store_path)
         token = tokenize(where, X.shape, str(X.dtype), X.chunks)
-        x = zarr_to_dask(X, url=where, label=name, token=token)
+        x = zarr_to_dask(X, url=where, label=name, name=f"dkern-read-{name}-{token}")
     else:
         x = open_array(*X)
     _check_shape(name, x.shape, allowed)

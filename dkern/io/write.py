@@ -1,23 +1,28 @@
 """Versioned, checksummed writes published all at once by one pointer update.
 
-A write of arrays ``{name: x}`` to a group goes in four steps:
+A write of arrays ``{name: x}`` to a group goes in five steps:
 
 1. validate names, dtypes, attributes and the overwrite rule (nothing on disk
    changes if this fails);
-2. create every array at ``.dkern/v{k}/<name>`` (``k`` = the published version
-   plus one) with codecs ``bytes -> zstd -> crc32c`` and write it chunk by chunk
-   from dask;
-3. publish: rewrite the group's ``zarr.json`` attributes with the new pointer
-   table (one file, written atomically by the store), so readers see either the
+2. create every array in a version folder of its own, ``.dkern/<UTC time>-<random>``
+   (never one another writer could pick), with codecs ``bytes -> zstd -> crc32c``, and
+   write it chunk by chunk from dask; on local disk the writer leases the folder so
+   cleaners leave it alone;
+3. publish, under the group's publish lock (local disk): re-read the pointer, refuse
+   if another writer replaced one of this write's arrays meanwhile, merge this write's
+   entries and attributes onto the pointer as it is now, seal it with its checksum and
+   write it back (one ``zarr.json``, replaced atomically), so readers see either the
    old version or the complete new one;
-4. delete the arrays the new version superseded (best effort, failures logged).
+4. collect leftovers no pointer uses (local disk, under the same lock);
+5. delete the arrays this publish superseded (best effort, failures logged).
 
-Arrays not named in a write keep their current version. One writer at a time:
-two concurrent writers to one group can lose each other's pointer update.
+Arrays not named in a write keep their current version. An array passed as the very
+array the store holds under that name (``open_array`` of it) is kept, not copied.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,22 +35,28 @@ import dask.array as da
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync
 
 from dkern._version import __version__
 from dkern.errors import StoreError
+from dkern.io import _store
+from dkern.io._lock import lease, local_dir, publish_lock
 from dkern.io._store import (
     FORMAT,
     POINTER_KEY,
-    VERSIONS_DIR,
     Url,
+    file_digest,
     find_group,
     missing_part,
     open_group,
     plain_members,
+    read_name,
     read_pointer,
     remove_created,
+    sealed,
     where,
 )
+from dkern.io.maintenance import LOCAL_GRACE_S, collect_orphans, new_folder
 from dkern.io.rows import default_row_chunk
 
 __all__ = ["write_array", "write_arrays"]
@@ -61,6 +72,7 @@ def write_arrays(
     overwrite: bool = False,
     chunk_rows: int | None = None,
     group: str = "",
+    replace_all: bool = False,
 ) -> None:
     """Write named arrays and attributes as one new version, published atomically.
 
@@ -70,7 +82,9 @@ def write_arrays(
         The store: a local path or any fsspec URL. Created if missing.
     arrays : mapping of str to numpy.ndarray or dask.array.Array
         Arrays of shape (n_rows, ...) with integer, float or bool dtype. Dask
-        arrays are written chunk by chunk and never gathered on the client.
+        arrays are written chunk by chunk and never gathered on the client; one
+        that is the array stored under the same name (as ``open_array`` returned
+        it) is kept as it is.
     attrs : mapping, optional
         JSON-serialisable attributes, merged into the current ones (keys given
         replace, others are kept); read back with :func:`read_attrs`.
@@ -82,56 +96,54 @@ def write_arrays(
         :func:`~dkern.io.default_row_chunk`.
     group : str, default ""
         The group inside the store, e.g. ``"models/krr"``.
+    replace_all : bool, default False
+        Publish exactly ``arrays`` and ``attrs``: the group's other dkern arrays and
+        attributes are dropped and their storage reclaimed (needs ``overwrite=True``
+        when the group holds any array).
 
     Raises
     ------
     StoreError
-        A name already exists and ``overwrite`` is False.
+        A name already exists and ``overwrite`` is False; another writer published
+        one of these names while this write ran (nothing of this write is published);
+        the publish lock stayed taken too long.
     ValueError, TypeError
         A bad name, shape, dtype, ``chunk_rows`` or attribute. Nothing is written.
 
     Notes
     -----
-    Layout: array ``name`` of version ``k`` is the Zarr array ``.dkern/v{k}/<name>``
-    of the group; the group attribute ``"dkern"`` maps each name to its path,
-    shape, dtype, chunks and chunk count (see :mod:`dkern.io._store`). Only the
-    pointer update publishes, so a write that dies midway leaves the previous
-    version visible and complete. One writer per group at a time.
+    Layout: see :mod:`dkern.io._store`. Only the pointer update publishes, so a
+    write that dies at any moment leaves the previous version visible and complete,
+    and later writes unaffected. Concurrent writers of different names to one group
+    all succeed on local disk; on fsspec stores, see the README.
     """
     url = os.fspath(url)
     group = group.strip("/")
-    sources = {name: _as_source(name, x, chunk_rows) for name, x in _checked_items(arrays)}
+    items = _checked_items(arrays)
     new_attrs = _checked_attrs(attrs)
     current = find_group(url, group)
-    pointer = read_pointer(current, url, group) if current is not None else {}
+    listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
+    kept = {name: listed[name] for name, x in items
+            if _is_stored(url, group, name, x, listed, chunk_rows)}
+    sources = {name: _as_source(name, x, chunk_rows) for name, x in items if name not in kept}
     present = set(plain_members(current)) if current is not None else set()
-    clashes = sorted(n for n in sources if n in pointer.get("arrays", {}) or n in present)
-    if clashes and not overwrite:
-        raise StoreError(
-            f"{where(url, group)} already has arrays {clashes}; pass overwrite=True to "
-            "replace them (the old ones stay readable until the new ones are complete)."
-        )
+    _check_overwrite(url, group, [n for n, _ in items], set(listed), present,
+                     overwrite=overwrite, replace_all=replace_all)
     created = missing_part(url, group) if current is None else None
-    root = open_group(url, group, mode="a")
-    version = int(pointer.get("version", 0)) + 1
+    with publish_lock(url, group):  # so no writer creating the group too can clobber it
+        open_group(url, group, mode="a")
+    seen = {name: listed.get(name, {}).get("path") for name, _ in items}
     try:
-        entries = _write_version(root, version, sources)
+        before, after = _write_and_publish(url, group, sources, kept, seen, new_attrs,
+                                           replace_all=replace_all)
     except BaseException:
         if created is not None:  # a failed call leaves no new store or group behind
-            remove_created(url, created)
+            with publish_lock(url, group):
+                remove_created(url, group, created)
         raise
-    new_pointer: dict[str, Any] = {
-        "format": FORMAT,
-        "dkern_version": __version__,
-        "version": version,
-        "arrays": {**pointer.get("arrays", {}), **entries},
-        "attrs": {**pointer.get("attrs", {}), **new_attrs},
-    }
-    root.update_attributes({POINTER_KEY: new_pointer})  # the publish: one zarr.json write
-    logger.info("published version %d of %s: %s", version, where(url, group), sorted(entries))
-    stale = [pointer["arrays"][n]["path"] for n in clashes if n in pointer.get("arrays", {})]
-    in_use = {entry["path"].rpartition("/")[0] for entry in new_pointer["arrays"].values()}
-    _delete_superseded(root, stale + [n for n in clashes if n in present], in_use)
+    logger.info("published version %d of %s: %s", after["version"], where(url, group),
+                sorted(sources))
+    _delete_superseded(url, group, before, after, [n for n, _ in items if n in present])
 
 
 def write_array(
@@ -203,14 +215,85 @@ def _natural_rows(x: np.ndarray | da.Array) -> int:
     return default_row_chunk(x.shape[0], math.prod(x.shape[1:]), x.dtype.itemsize)
 
 
-def _write_version(root: zarr.Group, version: int, sources: dict[str, da.Array]) -> dict:
-    """Create and fill ``.dkern/v{version}/<name>`` for each source; its manifest entries."""
-    vdir = f"{VERSIONS_DIR}/v{version}"
-    if vdir in root:  # left by a write that died before publishing: never visible
-        del root[vdir]
+def _is_stored(url: str, group: str, name: str, x: Any, listed: dict,
+               chunk_rows: int | None) -> bool:
+    """Whether ``x`` is the array the group already holds as ``name`` (copying it would
+    read the very chunks the publish then deletes)."""
+    entry = listed.get(name)
+    return (entry is not None and isinstance(x, da.Array)
+            and x.name == read_name(url, group, name, entry)
+            and chunk_rows in (None, entry["chunks"][0]))
+
+
+def _check_overwrite(url: str, group: str, names: list[str], listed: set[str],
+                     present: set[str], *, overwrite: bool, replace_all: bool) -> None:
+    replaced = listed if replace_all else listed & set(names)
+    clashes = sorted(replaced | (present & set(names)))
+    if clashes and not overwrite:
+        scope = " (all of them: this write replaces the whole group)" if replace_all else ""
+        raise StoreError(
+            f"{where(url, group)} already has arrays {clashes}; pass overwrite=True to "
+            f"replace them{scope} (the old ones stay readable until the new ones are complete)."
+        )
+
+
+def _write_and_publish(
+    url: str, group: str, sources: dict[str, da.Array], kept: dict[str, dict],
+    seen: dict[str, str | None], new_attrs: dict[str, Any], *, replace_all: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fill a fresh version folder, then publish it; the pointers before and after."""
+    folder = new_folder()
+    published = False
+    with lease(url, group, folder) if sources else contextlib.nullcontext():
+        try:
+            entries = _write_version(url, group, folder, sources) if sources else {}
+            with publish_lock(url, group):
+                root = open_group(url, group, mode="a")
+                before = read_pointer(root, url, group)
+                _check_unchanged(url, group, before.get("arrays", {}), seen)
+                after = _merged(before, {**kept, **entries}, new_attrs, replace_all)
+                root.update_attributes({POINTER_KEY: sealed(after)})  # the publish
+                published = True
+                _collect_quietly(url, group, after)
+        finally:
+            if sources and not published:
+                _delete_quietly(url, group, folder)
+    return before, after
+
+
+def _check_unchanged(url: str, group: str, now: dict, seen: dict[str, str | None]) -> None:
+    """Refuse when another writer published one of this write's names meanwhile."""
+    changed = sorted(n for n, path in seen.items() if now.get(n, {}).get("path") != path)
+    if changed:
+        raise StoreError(
+            f"{where(url, group)}: arrays {changed} were written by another writer while "
+            "this write ran, so this write was not published (the store holds the other "
+            "writer's arrays, intact). Write again to replace them, with overwrite=True."
+        )
+
+
+def _merged(before: dict[str, Any], entries: dict[str, dict], new_attrs: dict[str, Any],
+            replace_all: bool) -> dict[str, Any]:
+    """The pointer to publish: this write's entries and attributes onto ``before``."""
+    arrays = {} if replace_all else dict(before.get("arrays", {}))
+    attrs = {} if replace_all else dict(before.get("attrs", {}))
+    return {
+        "format": FORMAT,
+        "dkern_version": __version__,
+        "version": int(before.get("version", 0)) + 1,
+        "arrays": {**arrays, **entries},
+        "attrs": {**attrs, **new_attrs},
+    }
+
+
+def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Array]) -> dict:
+    """Create and fill ``<folder>/<name>`` for each source; its manifest entries."""
+    store = _store.make_store(url, read_only=False)
+    prefix = f"{group}/" if group else ""
     targets = {
-        name: root.create_array(
-            f"{vdir}/{name}",
+        name: zarr.create_array(
+            store,
+            name=f"{prefix}{folder}/{name}",
             shape=x.shape,
             dtype=x.dtype,
             chunks=tuple(max(1, c[0]) for c in x.chunks),
@@ -222,37 +305,56 @@ def _write_version(root: zarr.Group, version: int, sources: dict[str, da.Array])
         )
         for name, x in sources.items()
     }
-    try:
-        da.store(list(sources.values()), list[Any](targets.values()), lock=False)
-    except BaseException:
-        _delete_quietly(root, vdir)
-        raise
+    da.store(list(sources.values()), list[Any](targets.values()), lock=False)
     uid = uuid.uuid4().hex
     return {
         name: {
-            "path": f"{vdir}/{name}",
+            "path": f"{folder}/{name}",
             "shape": list(z.shape),
             "dtype": str(z.dtype),
             "chunks": list(z.chunks),
             "n_chunks": z.nchunks,
             "uid": uid,
+            # the codecs (byte order included) decide what the checksummed bytes mean
+            "meta": file_digest(store, f"{prefix}{folder}/{name}/zarr.json"),
         }
         for name, z in targets.items()
     }
 
 
-def _delete_superseded(root: zarr.Group, paths: list[str], in_use: set[str]) -> None:
-    """Delete superseded arrays, then the version folders no array in use lives in."""
-    for path in paths:
-        _delete_quietly(root, path)
-    for vdir in sorted({p.rpartition("/")[0] for p in paths} - in_use - {""}):
-        _delete_quietly(root, vdir)
+def _collect_quietly(url: str, group: str, pointer: dict[str, Any]) -> None:
+    # Only on local disk, where leases tell live writers' folders apart; a failure here
+    # costs space, never the publish that just happened.
+    if local_dir(url, group) is None:
+        return
+    try:
+        collect_orphans(url, group, pointer, min_age=LOCAL_GRACE_S)
+    except Exception:
+        logger.warning("could not collect leftovers in %s", where(url, group), exc_info=True)
 
 
-def _delete_quietly(root: zarr.Group, path: str) -> None:
+def _delete_superseded(url: str, group: str, before: dict[str, Any], after: dict[str, Any],
+                       plain: list[str]) -> None:
+    """Delete the arrays the publish superseded, then the folders none in use lives in.
+
+    Safe beside other writers: none can publish a superseded path again (the publish
+    refuses names changed meanwhile), and unpublished folders are never superseded.
+    """
+    now = after["arrays"]
+    stale = [e["path"] for n, e in before.get("arrays", {}).items()
+             if now.get(n, {}).get("path") != e["path"]]
+    in_use = {entry["path"].rpartition("/")[0] for entry in now.values()}
+    for path in stale + plain:
+        _delete_quietly(url, group, path)
+    for folder in sorted({p.rpartition("/")[0] for p in stale} - in_use - {""}):
+        _delete_quietly(url, group, folder)
+
+
+def _delete_quietly(url: str, group: str, path: str) -> None:
     # Best effort: the new version is already published (or the write already
     # failed), so a leftover costs only space and must not turn into an error.
+    key = "/".join(p for p in (group, path) if p)
     try:
-        del root[path]
+        sync(_store.make_store(url, read_only=False).delete_dir(key))
     except Exception:
-        logger.warning("could not delete %r from %s", path, root.store_path, exc_info=True)
+        logger.warning("could not delete %r from %s", key, where(url, group), exc_info=True)

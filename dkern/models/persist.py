@@ -1,7 +1,8 @@
 """Model files: a fitted estimator as one Zarr group, published atomically, never pickled.
 
-Layout (written by one :func:`dkern.io.write_arrays` call, so readers see the
-old model or the complete new one)::
+Layout (written by one :func:`dkern.io.write_arrays` call that replaces the whole
+group, so readers see the old model or the complete new one, and the store holds
+nothing of the old model after)::
 
     attrs:  {"dkern_model": "KernelRidge", "format": 1, "dkern_version": "0.1.0",
              "kernel": "Gaussian(lengthscale=1.0)", "kernel_is_default": false,
@@ -11,7 +12,10 @@ old model or the complete new one)::
     arrays: dual_coef, X_fit (exact, cg) or centers (nystrom), residuals (cg, nystrom)
 
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
-which runs no Python beyond kernel names, numbers and the kernel algebra.
+which runs no Python beyond kernel names, numbers and the kernel algebra. These
+attributes are covered by the store pointer's checksum, so an edited or damaged file
+is refused rather than loaded as a different model; ``load`` sets only the fitted
+attributes it knows.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ logger = logging.getLogger(__name__)
 #: Layout version of model stores; ``load`` refuses any other.
 MODEL_FORMAT = 1
 _MODELS = {"KernelRidge": KernelRidge}
+#: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute.
+_FITTED_NAMES = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_",
+                           "dual_coef_lazy", "X_fit_lazy", "feature_names_in_"})
+_REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
 
 
 def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
@@ -53,8 +61,9 @@ def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
         A local path or fsspec URL; the model is the store's top-level group.
     overwrite : bool, default False
         Replace a model already there. Readers see the old model until the new one
-        is complete; arrays of the old model the new one does not name stay in the
-        store but are no longer part of the model.
+        is complete; then the store holds exactly the new model (the old one's arrays
+        are deleted). Lazy arrays of ``model`` that are this store's own arrays (a
+        model loaded from ``url``) are kept in place, so the model stays usable.
 
     Raises
     ------
@@ -83,7 +92,7 @@ def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
              "dkern_version": __version__, "kernel": kernel_text,
              "kernel_is_default": model.kernel is None, "params": _json_params(model),
              "fitted": _fitted_scalars(model)}
-    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite)
+    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite, replace_all=True)
     logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
 
 
@@ -104,15 +113,16 @@ def load(url: Url) -> KernelRidge:
     Raises
     ------
     StoreError
-        No store at ``url``, a store that is not a dkern model, or a model written in
-        another format or by an incompatible (different major) dkern version.
+        No store at ``url``, a store that is not a dkern model, a model written in
+        another format or by an incompatible (different major) dkern version, or a
+        model file that was edited or damaged.
     """
     url = os.fspath(url)
     attrs = _model_attrs(url)
     kernel = from_repr(attrs["kernel"])
     model = _MODELS[attrs["dkern_model"]](
         kernel=None if attrs["kernel_is_default"] else kernel, **attrs["params"])
-    fitted = dict(attrs["fitted"])
+    fitted = _checked_fitted(url, attrs)
     model.kernel_ = kernel
     model.dual_coef_ = _read(url, "dual_coef", lazy=fitted.pop("dual_coef_lazy"))
     x_fit_lazy = fitted.pop("X_fit_lazy")
@@ -214,7 +224,27 @@ def _model_attrs(url: str) -> dict[str, Any]:
         raise StoreError(f"{url!r} holds a model saved by dkern {attrs.get('dkern_version')}; "
                          f"this is dkern {__version__}, a different major version. Load it with "
                          "a matching dkern and refit.")
+    missing = [key for key in _REQUIRED if key not in attrs]
+    if missing:
+        raise StoreError(f"{url!r} holds a {kind} model without the attributes {missing} that "
+                         "dkern.save writes; the file was not written by dkern.save. Save the "
+                         "model again.")
     return attrs
+
+
+def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The file's fitted scalars, refusing any name ``save`` does not write: ``load``
+    calls ``setattr`` with them, which must never reach methods or dunders."""
+    fitted = attrs["fitted"]
+    unknown = sorted(set(fitted) - _FITTED_NAMES) if isinstance(fitted, dict) else fitted
+    missing = sorted(_FITTED_NAMES - {"feature_names_in_"} - set(fitted)) if not unknown else []
+    if unknown or missing:
+        raise StoreError(
+            f"{url!r}: the model's 'fitted' attributes name {unknown or missing} "
+            f"({'unknown to' if unknown else 'missing, needed by'} dkern.load, which sets only "
+            f"{sorted(_FITTED_NAMES)}). The file was not written by dkern.save; save the "
+            "model again.")
+    return dict(fitted)
 
 
 def _read(url: str, name: str, *, lazy: bool) -> Any:

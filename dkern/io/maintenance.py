@@ -1,0 +1,254 @@
+"""Checking a store, and reclaiming what no pointer uses.
+
+Every write fills a version folder ``.dkern/<UTC time>-<random>`` of its own, then
+publishes it. What no pointer lists is garbage once no writer is filling it: folders of
+writes that were killed or refused, arrays a publish superseded whose deletion failed,
+and the ``*.partial`` temporary files zarr leaves when a process dies mid-file.
+Each publish collects these on local disk (under the publish lock, skipping folders a
+live writer leases); :func:`clean_store` does it on demand, for fsspec stores too.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from zarr.abc.store import Store
+from zarr.core.sync import sync
+
+from dkern.errors import StoreError
+from dkern.io import _store
+from dkern.io._lock import local_dir, publish_lock, unleased
+from dkern.io._store import (
+    VERSIONS_DIR,
+    Url,
+    open_group,
+    plain_members,
+    read_pointer,
+    where,
+)
+from dkern.io.read import open_array
+
+__all__ = ["StoreReport", "check_store", "clean_store"]
+
+logger = logging.getLogger(__name__)
+
+#: Minimum age (s) of an unreferenced folder or ``*.partial`` file before a publish on
+#: local disk collects it: leases protect live writers, this covers the instant between
+#: a writer creating its folder and leasing it.
+LOCAL_GRACE_S = 10.0
+#: :func:`clean_store`'s default minimum age on fsspec stores, which have no leases.
+REMOTE_GRACE_S = 86_400.0
+_FOLDER = re.compile(r"(\d{8}T\d{6}Z)-[0-9a-f]+")
+
+
+def new_folder() -> str:
+    """A fresh version folder path, unique without reading the pointer."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{VERSIONS_DIR}/{stamp}-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """What :func:`check_store` found.
+
+    Attributes
+    ----------
+    url : str
+    arrays : dict of str to tuple of int
+        Every array a pointer lists (``"group/name"``) whose every chunk read back and
+        passed its checksum, with its shape.
+    damage : list of str
+        One message per problem: a pointer failing its checksum, an array or chunk
+        missing or failing its checksum. Empty for a sound store.
+    orphans : list of str
+        Store paths no pointer uses, whatever their age (what :func:`clean_store`
+        removes once they are older than its ``min_age``).
+    """
+
+    url: str
+    arrays: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    damage: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is damaged (orphans are not damage)."""
+        return not self.damage
+
+
+def check_store(url: Url, group: str = "") -> StoreReport:
+    """Verify every array of a store: all chunks read back and pass their checksums.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+        A local path or fsspec URL.
+    group : str, default ""
+        Check this group and the groups below it.
+
+    Returns
+    -------
+    StoreReport
+        ``report.ok`` is False when anything is damaged; ``report.damage`` says what.
+
+    Raises
+    ------
+    StoreError
+        No Zarr group at ``url`` / ``group``.
+    """
+    url = os.fspath(url)
+    report = StoreReport(url)
+    for path in _groups(url, group.strip("/")):
+        try:
+            pointer = read_pointer(open_group(url, path, mode="r"), url, path)
+        except StoreError as err:
+            report.damage.append(str(err))
+            continue
+        for name, entry in sorted(pointer.get("arrays", {}).items()):
+            label = "/".join(p for p in (path, name) if p)
+            try:
+                x = open_array(url, label)
+                da.map_blocks(_read_ok, x, dtype=bool, chunks=(1,) * x.ndim).compute()
+            except StoreError as err:
+                report.damage.append(str(err))
+            else:
+                report.arrays[label] = tuple(entry["shape"])
+        report.orphans.extend(_orphans(url, path, pointer, min_age=0.0))
+    return report
+
+
+def clean_store(url: Url, group: str = "", *, min_age: float | None = None) -> list[str]:
+    """Delete what no pointer uses: unpublished version folders and stray ``*.partial``.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+    group : str, default ""
+        Clean this group and the groups below it.
+    min_age : float, optional
+        Seconds: younger leftovers are kept, as they may belong to a write still running.
+        Default: 10 s on local disk, where a running writer's folder is also protected by
+        its lease whatever its age; one day on fsspec stores, which have no leases (pass
+        0 there only when no writer is running).
+
+    Returns
+    -------
+    list of str
+        The store paths removed.
+
+    Raises
+    ------
+    StoreError
+        A group's pointer is damaged (nothing in that group is removed, as what it uses
+        is unknown) or there is no group at ``url``.
+    """
+    url = os.fspath(url)
+    removed: list[str] = []
+    for path in _groups(url, group.strip("/")):
+        age = min_age if min_age is not None else (
+            LOCAL_GRACE_S if local_dir(url, path) is not None else REMOTE_GRACE_S)
+        with publish_lock(url, path):
+            pointer = read_pointer(open_group(url, path, mode="r"), url, path)
+            removed += collect_orphans(url, path, pointer, min_age=age, deep=True)
+    return removed
+
+
+def collect_orphans(
+    url: str, group: str, pointer: dict[str, Any], *, min_age: float, deep: bool = False
+) -> list[str]:
+    """Delete the group's unreferenced, unleased leftovers older than ``min_age``.
+
+    Call it holding the publish lock, with the pointer read under it, so no write can
+    publish a folder between the reading and the deleting. ``deep`` also looks for
+    ``*.partial`` files inside arrays (a full listing of the group).
+    """
+    store = _store.make_store(url, read_only=False)
+    removed = []
+    for path in _orphans(url, group, pointer, min_age=min_age, deep=deep):
+        key = "/".join(p for p in (group, path) if p)
+        with unleased(url, group, path) as free:
+            if free:
+                if path.endswith(".partial"):
+                    sync(store.delete(key))
+                else:
+                    sync(store.delete_dir(key))
+                removed.append(key)
+    if removed:
+        logger.info("removed from %s what no pointer uses: %s", where(url, group), removed)
+    return removed
+
+
+def _orphans(
+    url: str, group: str, pointer: dict[str, Any], *, min_age: float, deep: bool = True
+) -> list[str]:
+    """Paths (relative to the group) of unreferenced folders and partial files."""
+    store = _store.make_store(url, read_only=True)
+    prefix = f"{group}/" if group else ""
+    in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}
+    listed = [f"{VERSIONS_DIR}/{n}" for n in _list_dir(store, f"{prefix}{VERSIONS_DIR}")]
+    unused = [p for p in listed if not p.rpartition("/")[2].startswith("zarr.")
+              and p not in in_use]
+    partials = [p for p in listed if p.endswith(".partial")]
+    partials += [n for n in _list_dir(store, group) if n.endswith(".partial")]
+    if deep:  # inside unused folders they go with the folder, once its lease is free
+        partials += [key.removeprefix(prefix) for key in sync(_keys(store.list_prefix(prefix)))
+                     if key.endswith(".partial")
+                     and not key.removeprefix(prefix).startswith(tuple(f"{p}/" for p in unused))]
+    return sorted({p for p in unused if _folder_age(p) >= min_age}
+                  | {p for p in partials if _file_age(url, group, p) >= min_age})
+
+
+def _folder_age(path: str) -> float:
+    """Seconds since the folder's write began; infinite for a name not dkern's."""
+    match = _FOLDER.fullmatch(path.rpartition("/")[2])
+    if match is None:
+        return float("inf")
+    return time.time() - calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ"))
+
+
+def _file_age(url: str, group: str, path: str) -> float:
+    base = local_dir(url, group)
+    try:
+        return float("inf") if base is None else time.time() - os.path.getmtime(
+            os.path.join(base, path))
+    except FileNotFoundError:
+        return -1.0  # already gone: nothing to collect
+
+
+def _groups(url: str, group: str) -> list[str]:
+    """``group`` and every group below it (dkern's hidden folders excluded)."""
+    found = [group]
+    root = open_group(url, group, mode="r")
+    for name in plain_members(root):
+        path = "/".join(p for p in (group, name) if p)
+        try:
+            is_group = isinstance(root.get(name), zarr.Group)
+        except (ValueError, TypeError, KeyError):  # damaged metadata: reported when opened
+            found.append(path)
+            continue
+        if is_group:
+            found += _groups(url, path)
+    return found
+
+
+def _list_dir(store: Store, prefix: str) -> list[str]:
+    return sync(_keys(store.list_dir(prefix)))
+
+
+async def _keys(items: Any) -> list[str]:
+    return [item async for item in items]
+
+
+def _read_ok(block: np.ndarray) -> np.ndarray:
+    """Reading the block checked it; what is returned is one flag per block."""
+    return np.ones((1,) * block.ndim, dtype=bool)
