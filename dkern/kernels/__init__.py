@@ -11,20 +11,21 @@ import operator
 from typing import Any
 
 from .algebra import MAX_DEPTH, Exp, Power, Product, Scaled, Sum, Warp, exp, warp
-from .base import Kernel, check_n_features
+from .base import DEFAULT_BOUNDS, FIXED, Kernel, check_n_features
 from .dot import Linear, Polynomial
 from .psd import PSDReport, check_psd
 from .stationary import RBF, Gaussian, Laplacian, Matern
 
 __all__ = [
-    "MAX_DEPTH", "RBF", "Exp", "Gaussian", "Kernel", "Laplacian", "Linear", "Matern", "PSDReport",
+    "DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "RBF", "Exp", "Gaussian", "Kernel", "Laplacian",
+    "Linear", "Matern", "PSDReport",
     "Polynomial", "Power", "Product", "Scaled", "Sum", "Warp", "check_n_features", "check_psd",
     "exp", "from_repr", "warp",
 ]
 
 _REPR_NAMES = {name: globals()[name] for name in __all__
-               if name not in ("MAX_DEPTH", "Kernel", "PSDReport", "check_n_features", "check_psd",
-                               "from_repr", "warp")}
+               if name not in ("DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "Kernel", "PSDReport",
+                               "check_n_features", "check_psd", "from_repr", "warp")}
 #: Syntax-tree levels a kernel's leaf adds below its operations: a call, a list, a sign and
 #: a number, as in ``Gaussian(lengthscale=[-1.0])``.
 _LEAF_LEVELS = 4
@@ -35,8 +36,9 @@ def from_repr(text: str) -> Kernel:
 
     The text is parsed, not run: only kernel names called with numbers or lists of
     numbers, and the algebra (``kernel + kernel``, ``kernel * kernel``, ``number *
-    kernel``, ``kernel ** int``) are understood, so a model file cannot execute code
-    or ask for unbounded work. ``warp`` with an arbitrary function cannot be restored.
+    kernel``, ``kernel ** int``) and the string ``"fixed"`` (parameter bounds) are
+    understood, so a model file cannot execute code or ask for unbounded work. ``warp``
+    with an arbitrary function cannot be restored.
     Every kernel dkern can build (at most ``MAX_DEPTH`` nested operations) parses back.
 
     Raises
@@ -63,7 +65,7 @@ def _evaluate(node: Any, text: str, level: int) -> Any:
     if level > MAX_DEPTH + _LEAF_LEVELS:  # refused before Python's recursion limit is near
         raise _too_deep(text)
     below = level + 1
-    if isinstance(node, ast.Constant) and _is_number(node.value):
+    if isinstance(node, ast.Constant) and (_is_number(node.value) or node.value == FIXED):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _evaluate(node.operand, text, below)

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from . import fastexp
-from .base import Array, Kernel, as_pair, check_integer
+from .base import (
+    DEFAULT_BOUNDS,
+    Array,
+    Kernel,
+    as_pair,
+    check_bounds,
+    check_integer,
+    format_bounds,
+    is_default_bounds,
+)
 
 #: Most operations (``+``, ``*``, ``**``, ``c *``, ``exp``, ``warp``) one path of a kernel
 #: expression may nest. A chain ``k1 + k2 + ... + kn`` nests n - 1; a balanced tree of
@@ -30,11 +39,20 @@ MAX_DEPTH = 100
 
 
 class Scaled(Kernel):
-    """``constant * kernel`` with ``constant > 0``; written ``c * k``."""
+    """``constant * kernel`` with ``constant > 0``; written ``c * k``.
 
-    def __init__(self, constant: float, kernel: Kernel) -> None:
+    The constant is a learnable hyperparameter (the output scale, scikit-learn's
+    ``ConstantKernel() * k``) with ``constant_bounds`` (default (1e-5, 1e5), or
+    ``"fixed"``); ``Scaled(c, k, constant_bounds="fixed")`` keeps it out of ``theta``.
+    """
+
+    _hyperparameters = ("constant",)
+
+    def __init__(self, constant: float, kernel: Kernel,
+                 constant_bounds: Any = DEFAULT_BOUNDS) -> None:
         self.constant = constant
         self.kernel = kernel
+        self.constant_bounds = constant_bounds
         super().__init__()
 
     def _validate(self) -> None:
@@ -43,9 +61,19 @@ class Scaled(Kernel):
         if isinstance(c, bool) or not isinstance(c, Real) or not np.isfinite(c) or c <= 0:
             raise ValueError(f"Scaled: the constant c in c * k must be a finite number > 0 "
                              f"(a non-positive c breaks positive definiteness); got {c!r}.")
+        check_bounds(self.constant_bounds, "constant_bounds", "Scaled")
 
     def __repr__(self) -> str:
-        return f"({self.constant!r} * {self.kernel!r})"
+        if is_default_bounds(self.constant_bounds):
+            return f"({self.constant!r} * {self.kernel!r})"
+        return (f"Scaled(constant={self.constant!r}, kernel={self.kernel!r}, "
+                f"constant_bounds={format_bounds(self.constant_bounds)})")
+
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        K0, G0 = self.kernel._value_and_gradient(X, Z, diag)
+        K = self.constant * K0
+        own = [K[..., None]] if self._free() else []  # d(c K0) / d log c = c K0
+        return K, np.concatenate([*own, self.constant * G0], axis=-1)
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
@@ -91,6 +119,11 @@ class Sum(_Binary):
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.k1.keops_formula(X, Z) + self.k2.keops_formula(X, Z)
 
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        K1, G1 = self.k1._value_and_gradient(X, Z, diag)
+        K2, G2 = self.k2._value_and_gradient(X, Z, diag)
+        return K1 + K2, np.concatenate([G1, G2], axis=-1)
+
 
 class Product(_Binary):
     """``k1 * k2`` (elementwise product of the Gram matrices)."""
@@ -107,6 +140,11 @@ class Product(_Binary):
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.k1.keops_formula(X, Z) * self.k2.keops_formula(X, Z)
+
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        K1, G1 = self.k1._value_and_gradient(X, Z, diag)
+        K2, G2 = self.k2._value_and_gradient(X, Z, diag)
+        return K1 * K2, np.concatenate([G1 * K2[..., None], K1[..., None] * G2], axis=-1)
 
 
 class Power(Kernel):
@@ -134,6 +172,11 @@ class Power(Kernel):
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.kernel.keops_formula(X, Z) ** int(self.power)
 
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        K0, G0 = self.kernel._value_and_gradient(X, Z, diag)
+        p = int(self.power)
+        return K0 ** p, (p * K0 ** (p - 1))[..., None] * G0
+
 
 class Exp(Kernel):
     """``exp(kernel(x, x'))``; written ``dkern.kernels.exp(k)``."""
@@ -157,6 +200,11 @@ class Exp(Kernel):
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.kernel.keops_formula(X, Z).exp()
+
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        K0, G0 = self.kernel._value_and_gradient(X, Z, diag)
+        K = np.exp(K0)
+        return K, K[..., None] * G0
 
 
 class Warp(Kernel):
@@ -202,6 +250,12 @@ class Warp(Kernel):
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
         return self._weights(X) ** 2 * self.kernel.diag(X)
+
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        K0, G0 = self.kernel._value_and_gradient(X, Z, diag)
+        fx = self._weights(X)
+        w = fx * fx if diag else fx[:, None] * self._weights(Z)[None, :]
+        return w * K0, w[..., None] * G0
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         from pykeops.numpy import LazyTensor

@@ -8,7 +8,10 @@ A kernel is a symmetric function ``k(x, x')`` of two rows. Every kernel gives
 * ``k.keops_formula(X, Z)``: the same block as a symbolic KeOps ``LazyTensor``,
   built by dkern so users never write KeOps alias strings;
 * ``get_params`` / ``set_params`` as scikit-learn kernels do, and a ``repr``
-  that ``dkern.kernels.from_repr`` turns back into an equal kernel.
+  that ``dkern.kernels.from_repr`` turns back into an equal kernel;
+* its learnable hyperparameters as scikit-learn's ``theta``: ``hyperparameter_names``,
+  ``theta`` (natural logs), ``bounds`` (log space), ``with_theta`` and the derivatives
+  ``gradient`` / ``diag_gradient`` of the kernel values with respect to ``theta``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from typing import Any, cast
 import numpy as np
 
 Array = np.ndarray
+#: Bounds of a learnable parameter when none are given: scikit-learn's default.
+DEFAULT_BOUNDS = (1e-5, 1e5)
+#: The bounds value that keeps a parameter out of ``theta`` (held at its value).
+FIXED = "fixed"
 
 
 class Kernel:
@@ -27,8 +34,13 @@ class Kernel:
 
     Subclasses store each ``__init__`` argument unchanged under its own name
     (scikit-learn's ``clone`` relies on that), implement ``__call__``, ``diag``
-    and ``keops_formula``, and check their parameters in ``_validate``.
+    and ``keops_formula``, and check their parameters in ``_validate``. A subclass
+    with learnable parameters names them in ``_hyperparameters``, takes their bounds
+    as ``<name>_bounds`` and implements ``_value_and_gradient``.
     """
+
+    #: This kernel's own learnable positive parameters (nested kernels add theirs).
+    _hyperparameters: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._validate()
@@ -72,7 +84,12 @@ class Kernel:
 
     # ------------------------------------------------------ repr and equality
     def __repr__(self) -> str:
-        args = ", ".join(f"{n}={_format_param(getattr(self, n))}" for n in self._param_names())
+        # Default bounds are left out, so reprs (and model files) from before bounds existed
+        # stay valid and unchanged.
+        args = ", ".join(
+            f"{n}={format_bounds(v) if n.endswith('_bounds') else format_param(v)}"
+            for n, v in self.get_params(deep=False).items()
+            if not (n.endswith("_bounds") and is_default_bounds(v)))
         return f"{type(self).__name__}({args})"
 
     def __eq__(self, other: object) -> bool:
@@ -107,6 +124,95 @@ class Kernel:
         from .algebra import Power
         return Power(self, power)
 
+    # ----------------------------------------------------- hyperparameters
+    def _free(self) -> list[tuple[str, Array, Any]]:
+        """(name, value as a float array, bounds) of this kernel's own non-fixed parameters."""
+        free = []
+        for name in self._hyperparameters:
+            bounds = getattr(self, f"{name}_bounds")
+            if not isinstance(bounds, str):
+                free.append((name, np.asarray(getattr(self, name), dtype=float), bounds))
+        return free
+
+    def _children(self) -> list[tuple[str, Kernel]]:
+        return [(n, v) for n, v in self.get_params(deep=False).items() if isinstance(v, Kernel)]
+
+    @property
+    def hyperparameter_names(self) -> list[str]:
+        """Names of the entries of ``theta``, as ``get_params`` keys (``"k1__constant"``,
+        ``"lengthscale[2]"`` for an ARD entry); parameters with bounds ``"fixed"`` are left out."""
+        names: list[str] = []
+        for name, value, _ in self._free():
+            names += [name] if value.ndim == 0 else [f"{name}[{i}]" for i in range(value.size)]
+        for prefix, child in self._children():
+            names += [f"{prefix}__{name}" for name in child.hyperparameter_names]
+        return names
+
+    @property
+    def theta(self) -> Array:
+        """Natural logarithms of the learnable parameters; shape (p,), as scikit-learn's."""
+        parts = [np.log(value).ravel() for _, value, _ in self._free()]
+        parts += [child.theta for _, child in self._children()]
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    @property
+    def bounds(self) -> Array:
+        """Log-space bounds of ``theta``; shape (p, 2)."""
+        rows = [np.tile(np.log(np.asarray(b, dtype=float)), (value.size, 1))
+                for _, value, b in self._free()]
+        rows += [child.bounds for _, child in self._children()]
+        return np.vstack(rows) if rows else np.empty((0, 2))
+
+    def with_theta(self, theta: Any) -> Kernel:
+        """A new kernel with learnable parameters ``exp(theta)``; this one is unchanged.
+
+        Parameters
+        ----------
+        theta : array-like of shape (p,)
+            Log-parameters in the order of ``hyperparameter_names``.
+        """
+        values = np.asarray(theta, dtype=float)
+        p = len(self.hyperparameter_names)
+        if values.shape != (p,) or not np.all(np.isfinite(values)):
+            raise ValueError(f"{type(self).__name__}.with_theta: theta must be {p} finite "
+                             f"log-parameters, one per name in {self.hyperparameter_names}; got "
+                             f"{np.asarray(theta)!r}.")
+        params, start = self.get_params(deep=False), 0
+        for name, value, _ in self._free():
+            new = np.exp(values[start:start + value.size])
+            params[name] = float(new[0]) if value.ndim == 0 else new
+            start += value.size
+        for prefix, child in self._children():
+            size = len(child.hyperparameter_names)
+            params[prefix] = child.with_theta(values[start:start + size])
+            start += size
+        return type(self)(**params)
+
+    def gradient(self, X: Array, Z: Array | None = None) -> Array:
+        """``∂K[i, j] / ∂theta_k`` for the dense block of X (n, d) and Z (m, d); shape (n, m, p).
+
+        ``theta`` is in log space (for a lengthscale ``l``: ``l ∂K/∂l``), the layout of
+        scikit-learn's ``kernel(X, eval_gradient=True)``. It holds n·m·p values: call it
+        on tiles.
+        """
+        X, Z = as_pair(X, Z)
+        return self._value_and_gradient(X.astype(float, copy=False), Z.astype(float, copy=False),
+                                        False)[1]
+
+    def diag_gradient(self, X: Array) -> Array:
+        """``∂k(X[i], X[i]) / ∂theta_k`` for X of shape (n, d); shape (n, p)."""
+        X = np.asarray(X, dtype=float)
+        return self._value_and_gradient(X, X, True)[1]
+
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        """The float64 kernel values and their theta-gradient: (n, m) and (n, m, p), or, with
+        ``diag``, (n,) and (n, p) for the pairs (X[i], X[i]). Kernels without learnable
+        parameters give p = 0."""
+        if self._hyperparameters or self._children():
+            raise NotImplementedError(f"{type(self).__name__} has no gradient")
+        K = np.asarray(self.diag(X) if diag else self(X, Z), dtype=float)
+        return K, np.zeros((*K.shape, 0))
+
     # ----------------------------------------------------- to be overridden
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         """Dense kernel block of shape (n, m) for X (n, d) and Z (m, d); Z defaults to X."""
@@ -121,7 +227,7 @@ class Kernel:
         raise NotImplementedError
 
 
-def _format_param(value: Any) -> str:
+def format_param(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return repr(value.tolist())
     if isinstance(value, np.generic):
@@ -149,6 +255,31 @@ def check_positive_params(values: Any, name: str, owner: str) -> Array:
         raise ValueError(f"{owner}: {name} must be > 0 and finite (a scalar or one per feature); "
                          f"got {values!r}.")
     return arr
+
+
+def format_bounds(bounds: Any) -> str:
+    """``"fixed"`` or ``(low, high)``: one spelling, whether given as a tuple, list or array."""
+    return repr(bounds) if isinstance(bounds, str) else repr(tuple(float(b) for b in bounds))
+
+
+def is_default_bounds(bounds: Any) -> bool:
+    return not isinstance(bounds, str) and np.array_equal(np.asarray(bounds), DEFAULT_BOUNDS)
+
+
+def check_bounds(bounds: Any, name: str, owner: str) -> None:
+    """Raise unless ``bounds`` is ``"fixed"`` or a pair ``(low, high)``, 0 < low <= high < inf."""
+    if isinstance(bounds, str) and bounds == FIXED:
+        return
+    arr = None if isinstance(bounds, str | bool) else np.asarray(bounds, dtype=object)
+    ok = arr is not None and arr.shape == (2,) and all(
+        isinstance(b, Real) and not isinstance(b, bool) for b in arr)
+    if ok:
+        low, high = float(arr[0]), float(arr[1])
+        ok = 0 < low <= high < np.inf
+    if not ok:
+        raise ValueError(f"{owner}: {name} must be a pair (low, high) with 0 < low <= high < inf, "
+                         f"e.g. {DEFAULT_BOUNDS}, or {FIXED!r} to keep the parameter out of "
+                         f"theta; got {bounds!r}.")
 
 
 def check_integer(value: Any, name: str, owner: str, minimum: int) -> int:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
 from . import fastexp
-from .base import Array, Kernel, as_pair, check_positive_params
+from .base import DEFAULT_BOUNDS, Array, Kernel, as_pair, check_bounds, check_positive_params
 
 _MATERN_NUS = (0.5, 1.5, 2.5)
 #: Pairs with ``r² < NEAR * (h_x + h_z)`` get exact distances in the root-taking kernels:
@@ -34,14 +35,42 @@ class Stationary(Kernel):
     ----------
     lengthscale : float or sequence of float, default=1.0
         ``l > 0``; a sequence gives one lengthscale per feature (ARD).
+    lengthscale_bounds : (float, float) or "fixed", default=(1e-5, 1e5)
+        Range of every lengthscale entry when hyperparameters are learned; ``"fixed"``
+        keeps the lengthscale out of ``theta``.
     """
 
-    def __init__(self, lengthscale: float | Array = 1.0) -> None:
+    _hyperparameters = ("lengthscale",)
+
+    def __init__(self, lengthscale: float | Array = 1.0,
+                 lengthscale_bounds: Any = DEFAULT_BOUNDS) -> None:
         self.lengthscale = lengthscale
+        self.lengthscale_bounds = lengthscale_bounds
         super().__init__()
 
     def _validate(self) -> None:
         check_positive_params(self.lengthscale, "lengthscale", type(self).__name__)
+        check_bounds(self.lengthscale_bounds, "lengthscale_bounds", type(self).__name__)
+
+    def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
+        p = len(self.hyperparameter_names)
+        if diag:  # k(x, x) = g(0) = 1 whatever the lengthscale
+            return np.ones(len(X)), np.zeros((len(X), p))
+        Xs, Zs = self._scale(X), self._scale(Z)
+        if p > 1:  # ARD: the scaled squared differences per feature, shape (n, m, d)
+            S = np.square(Xs[:, None, :] - Zs[None, :, :])
+            r2 = S.sum(axis=2)
+        else:  # differences, not the expanded form: its cancellation would be amplified here
+            r2 = cdist(Xs, Zs, "sqeuclidean")
+            S = r2[:, :, None]
+        K, g = self._profile(np.sqrt(r2))
+        # With r = ||x - z|| / l: dK/d log l_k = -k'(r) / r * s_k² = g(r) s_k² (s_k the
+        # scaled difference in feature k; s² = r² for an isotropic l).
+        return K, (g[:, :, None] * S)[:, :, :p]
+
+    def _profile(self, r: Array) -> tuple[Array, Array]:
+        """``k(r)`` and ``g(r) = -k'(r) / r`` (0 where r = 0 for the non-smooth kernels)."""
+        raise NotImplementedError
 
     def _scale(self, X: Array) -> Array:
         ell = np.asarray(self.lengthscale, dtype=X.dtype)
@@ -92,6 +121,9 @@ class Gaussian(Stationary):
     ----------
     lengthscale : float or sequence of float, default=1.0
         ``l > 0``, one per feature for ARD. ``gamma`` of scikit-learn's ``rbf`` is ``1 / (2 l²)``.
+    lengthscale_bounds : (float, float) or "fixed", default=(1e-5, 1e5)
+        Range of every lengthscale entry when hyperparameters are learned (as
+        scikit-learn's ``length_scale_bounds``); ``"fixed"`` keeps it out of ``theta``.
     """
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
@@ -101,6 +133,10 @@ class Gaussian(Stationary):
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return (-0.5 * self._keops_sqdist(X, Z)).exp()
+
+    def _profile(self, r: Array) -> tuple[Array, Array]:
+        K = np.exp(-0.5 * r * r)
+        return K, K
 
 
 RBF = Gaussian
@@ -113,6 +149,8 @@ class Laplacian(Stationary):
     ----------
     lengthscale : float or sequence of float, default=1.0
         ``l > 0``, one per feature for ARD.
+    lengthscale_bounds : (float, float) or "fixed", default=(1e-5, 1e5)
+        See :class:`Gaussian`.
     """
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
@@ -123,6 +161,9 @@ class Laplacian(Stationary):
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return (-self._keops_sqdist(X, Z).sqrt()).exp()
+
+    def _profile(self, r: Array) -> tuple[Array, Array]:
+        return _matern_profile(r, 0.5)
 
 
 class Matern(Stationary):
@@ -136,12 +177,18 @@ class Matern(Stationary):
     lengthscale : float or sequence of float, default=1.0
         ``l > 0``, one per feature for ARD.
     nu : {0.5, 1.5, 2.5}, default=1.5
-        Smoothness; other values have no closed form here.
+        Smoothness; other values have no closed form here. Fixed (never in ``theta``).
+    lengthscale_bounds : (float, float) or "fixed", default=(1e-5, 1e5)
+        See :class:`Gaussian`.
     """
 
-    def __init__(self, lengthscale: float | Array = 1.0, nu: float = 1.5) -> None:
+    def __init__(self, lengthscale: float | Array = 1.0, nu: float = 1.5,
+                 lengthscale_bounds: Any = DEFAULT_BOUNDS) -> None:
         self.nu = nu
-        super().__init__(lengthscale)
+        super().__init__(lengthscale, lengthscale_bounds)
+
+    def _profile(self, r: Array) -> tuple[Array, Array]:
+        return _matern_profile(r, self.nu)
 
     def _validate(self) -> None:
         super()._validate()
@@ -169,6 +216,21 @@ class Matern(Stationary):
         ar = a * r
         poly = 1.0 + ar if self.nu == 1.5 else 1.0 + ar + ar * ar / 3.0
         return poly * (-ar).exp()
+
+
+def _matern_profile(r: Array, nu: float) -> tuple[Array, Array]:
+    """``k(r)`` and ``g(r) = -k'(r) / r`` of the Matérn kernel of smoothness ``nu``."""
+    if nu == 0.5:  # k = e^{-r}, g = e^{-r} / r: infinite at r = 0, where s² = 0 (scikit-learn: 0)
+        K = np.exp(-r)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = np.where(r > 0, K / np.where(r > 0, r, 1.0), 0.0)
+        return K, g
+    a = np.sqrt(3.0) if nu == 1.5 else np.sqrt(5.0)
+    e = np.exp(-a * r)
+    if nu == 1.5:  # k = (1 + √3 r) e^{-√3 r}, g = 3 e^{-√3 r}
+        return (1.0 + a * r) * e, 3.0 * e
+    # k = (1 + √5 r + 5 r² / 3) e^{-√5 r}, g = 5/3 (1 + √5 r) e^{-√5 r}
+    return (1.0 + a * r + 5.0 * r * r / 3.0) * e, 5.0 / 3.0 * (1.0 + a * r) * e
 
 
 def _distance(half_neg_sqdist: Array) -> Array:
