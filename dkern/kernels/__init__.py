@@ -73,8 +73,8 @@ def _evaluate(node: Any, text: str, level: int) -> Any:
             return -value if isinstance(node.op, ast.USub) else value
     elif isinstance(node, ast.List | ast.Tuple):
         items = [_evaluate(item, text, below) for item in node.elts]
-        if all(_is_number(item) for item in items):
-            return items
+        if all(_is_number(item) for item in items):  # bounds are tuples, lengthscales lists
+            return items if isinstance(node, ast.List) else tuple(items)
     elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
           and node.func.id in _REPR_NAMES):
         args = [_evaluate(arg, text, below) for arg in node.args]

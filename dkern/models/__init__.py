@@ -1,13 +1,16 @@
 """scikit-learn estimators over dkern's solvers, and model files.
 
 ``KernelRidge`` fits with dense Cholesky, preconditioned CG on the lazy Gram
-operator, or Nyström/Falkon; ``save`` and ``load`` store a fitted model as one
-atomically published Zarr group (arrays plus JSON attributes, never pickle).
+operator, or Nyström/Falkon; ``GaussianProcessRegressor`` adds posterior variances,
+the marginal likelihood and hyperparameter learning; ``save`` and ``load`` store a
+fitted model as one atomically published Zarr group (arrays plus JSON attributes,
+never pickle).
 """
 
 from __future__ import annotations
 
+from .gaussian_process import GaussianProcessRegressor
 from .kernel_ridge import KernelRidge
 from .persist import load, save
 
-__all__ = ["KernelRidge", "load", "save"]
+__all__ = ["GaussianProcessRegressor", "KernelRidge", "load", "save"]

@@ -72,7 +72,7 @@ def _numpy_y(y: Any) -> np.ndarray:
     return yn
 
 
-def _finite(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """``value`` as a float if it is a finite real number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
         return None
@@ -81,7 +81,7 @@ def _finite(value: Any) -> float | None:
 
 def check_alpha(alpha: Any, solver: str) -> float:
     """``alpha`` as a float: > 0 for the iterative solvers, >= 0 for exact (as scikit-learn)."""
-    value = _finite(alpha)
+    value = finite_number(alpha)
     if value is None or value < 0 or (value == 0 and solver != "exact"):
         bound = ">= 0" if solver == "exact" else "> 0"
         raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} (the ridge "
@@ -108,7 +108,7 @@ def check_optional_int(value: Any, name: str, minimum: int) -> int | None:
 
 def check_tol(tol: Any) -> float:
     """``tol`` as a float > 0."""
-    value = _finite(tol)
+    value = finite_number(tol)
     if value is None or value <= 0:
         raise ValueError(f"tol must be a finite number > 0, e.g. 1e-6; got {tol!r}.")
     return value

@@ -11,6 +11,12 @@ nothing of the old model after)::
                         "n_features_in_": 6, "X_fit_lazy": false, "dual_coef_lazy": false}}
     arrays: dual_coef, X_fit (exact, cg) or centers (nystrom), residuals (cg, nystrom)
 
+A ``GaussianProcessRegressor`` stores ``alpha`` (``alpha_``), ``X_train``, ``y_train``
+and, for the exact solver, its Cholesky factor ``L``; ``kernel`` is the kernel it was
+given (null for the default) and ``fitted_kernel`` its ``kernel_``; "fitted" adds
+``variance_``, ``log_marginal_likelihood_value_`` (null for NaN) and the target
+normalisation ``y_train_mean`` / ``y_train_std``.
+
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
 attributes are covered by the store pointer's checksum, so an edited or damaged file
@@ -34,6 +40,7 @@ from ..errors import DkernError, StoreError
 from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
+from .gaussian_process import GaussianProcessRegressor
 from .kernel_ridge import KernelRidge
 
 __all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
@@ -42,20 +49,28 @@ logger = logging.getLogger(__name__)
 
 #: Layout version of model stores; ``load`` refuses any other.
 MODEL_FORMAT = 1
-_MODELS = {"KernelRidge": KernelRidge}
-#: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute.
-_FITTED_NAMES = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_",
-                           "dual_coef_lazy", "X_fit_lazy", "feature_names_in_"})
+_MODELS = {"KernelRidge": KernelRidge, "GaussianProcessRegressor": GaussianProcessRegressor}
+Model = KernelRidge | GaussianProcessRegressor
+_COMMON = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_"})
+#: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute, per model.
+_FITTED_NAMES = {
+    "KernelRidge": _COMMON | {"dual_coef_lazy", "X_fit_lazy"},
+    "GaussianProcessRegressor": _COMMON | {
+        "variance_", "log_marginal_likelihood_value_", "y_train_mean", "y_train_std",
+        "alpha_lazy", "X_train_lazy", "y_train_lazy"},
+}
+#: The array that marks each model as fitted.
+_FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_"}
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
 
 
-def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
+def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     """Save a fitted model to a Zarr store, all of it published in one atomic step.
 
     Parameters
     ----------
-    model : KernelRidge
-        A fitted model. Lazy (dask/Zarr) ``X_fit_`` and ``dual_coef_`` are written
+    model : KernelRidge or GaussianProcessRegressor
+        A fitted model. Lazy (dask/Zarr) training rows and coefficients are written
         chunk by chunk, never gathered on the client.
     url : str or os.PathLike
         A local path or fsspec URL; the model is the store's top-level group.
@@ -77,10 +92,25 @@ def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
     if not isinstance(model, tuple(_MODELS.values())):
         raise TypeError(f"save takes a fitted dkern model ({sorted(_MODELS)}); got "
                         f"{type(model).__name__}.")
-    check_is_fitted(model, "dual_coef_")
+    kind = type(model).__name__
+    check_is_fitted(model, _FITTED_ARRAY[kind])
     url = os.fspath(url)
     kernel_text = _kernel_text(model.kernel_)
+    is_gp = isinstance(model, GaussianProcessRegressor)
     check_can_save(url, overwrite=overwrite)
+    arrays = _gp_arrays(model) if is_gp else _krr_arrays(model)
+    attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
+             "dkern_version": __version__, "kernel": kernel_text,
+             "kernel_is_default": model.kernel is None, "params": _json_params(model),
+             "fitted": _fitted_scalars(model)}
+    if is_gp:  # learned hyperparameters: the fitted kernel differs from the one given
+        attrs["kernel"] = _kernel_text(model.kernel) if model.kernel is not None else None
+        attrs["fitted_kernel"] = kernel_text
+    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite, replace_all=True)
+    logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
+
+
+def _krr_arrays(model: KernelRidge) -> dict[str, Any]:
     arrays: dict[str, Any] = {"dual_coef": model.dual_coef_}
     if model.solver_ == "nystrom":
         arrays["centers"] = model.centers_
@@ -88,15 +118,17 @@ def save(model: KernelRidge, url: Url, *, overwrite: bool = False) -> None:
         arrays["X_fit"] = model.X_fit_
     if model.residuals_ is not None:
         arrays["residuals"] = model.residuals_
-    attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
-             "dkern_version": __version__, "kernel": kernel_text,
-             "kernel_is_default": model.kernel is None, "params": _json_params(model),
-             "fitted": _fitted_scalars(model)}
-    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite, replace_all=True)
-    logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
+    return arrays
 
 
-def load(url: Url) -> KernelRidge:
+def _gp_arrays(model: GaussianProcessRegressor) -> dict[str, Any]:
+    arrays = {"alpha": model.alpha_, "X_train": model.X_train_, "y_train": model.y_train_}
+    if model.solver_ == "exact":
+        arrays["L"] = model.L_
+    return arrays
+
+
+def load(url: Url) -> Model:
     """Load a model saved with :func:`save`.
 
     Parameters
@@ -105,9 +137,9 @@ def load(url: Url) -> KernelRidge:
 
     Returns
     -------
-    KernelRidge
+    KernelRidge or GaussianProcessRegressor
         Fitted; its predictions equal the saved model's. Arrays that were lazy when
-        saved (dask/Zarr ``X_fit_``, cg's dask ``dual_coef_``) come back as lazy dask
+        saved (dask/Zarr training rows, cg's dask coefficients) come back as lazy dask
         arrays reading this store; the others are loaded into memory.
 
     Raises
@@ -119,11 +151,23 @@ def load(url: Url) -> KernelRidge:
     """
     url = os.fspath(url)
     attrs = _model_attrs(url)
-    kernel = from_repr(attrs["kernel"])
-    model = _MODELS[attrs["dkern_model"]](
-        kernel=None if attrs["kernel_is_default"] else kernel, **attrs["params"])
+    given = None if attrs["kernel_is_default"] else from_repr(attrs["kernel"])
+    model = _MODELS[attrs["dkern_model"]](kernel=given, **attrs["params"])
     fitted = _checked_fitted(url, attrs)
-    model.kernel_ = kernel
+    model.kernel_ = from_repr(attrs.get("fitted_kernel") or attrs["kernel"])
+    if isinstance(model, GaussianProcessRegressor):
+        _restore_gp(model, url, fitted)
+    else:
+        _restore_krr(model, url, fitted)
+    if "feature_names_in_" in fitted:
+        fitted["feature_names_in_"] = np.asarray(fitted["feature_names_in_"], dtype=object)
+    for name, value in fitted.items():
+        setattr(model, name, value)
+    return model
+
+
+def _restore_krr(model: KernelRidge, url: str, fitted: dict[str, Any]) -> None:
+    """Set KernelRidge's fitted arrays; pop their entries from ``fitted``."""
     model.dual_coef_ = _read(url, "dual_coef", lazy=fitted.pop("dual_coef_lazy"))
     x_fit_lazy = fitted.pop("X_fit_lazy")
     if fitted["solver_"] == "nystrom":
@@ -131,11 +175,20 @@ def load(url: Url) -> KernelRidge:
     else:
         model.X_fit_ = _read(url, "X_fit", lazy=x_fit_lazy)
     model.residuals_ = _read(url, "residuals", lazy=False) if fitted["solver_"] != "exact" else None
-    if "feature_names_in_" in fitted:
-        fitted["feature_names_in_"] = np.asarray(fitted["feature_names_in_"], dtype=object)
-    for name, value in fitted.items():
-        setattr(model, name, value)
-    return model
+
+
+def _restore_gp(model: GaussianProcessRegressor, url: str, fitted: dict[str, Any]) -> None:
+    """Set the GP's fitted arrays and private state; pop their entries from ``fitted``."""
+    model.alpha_ = _read(url, "alpha", lazy=fitted.pop("alpha_lazy"))
+    model.X_train_ = _read(url, "X_train", lazy=fitted.pop("X_train_lazy"))
+    model.y_train_ = _read(url, "y_train", lazy=fitted.pop("y_train_lazy"))
+    if fitted["solver_"] == "exact":
+        model.L_ = _read(url, "L", lazy=False)
+    model._y_train_mean = np.asarray(fitted.pop("y_train_mean"), dtype=np.float64)
+    model._y_train_std = np.asarray(fitted.pop("y_train_std"), dtype=np.float64)
+    model._preconditioner = None  # rebuilt on first use by "cg" variances
+    lml = fitted["log_marginal_likelihood_value_"]
+    fitted["log_marginal_likelihood_value_"] = float("nan") if lml is None else float(lml)
 
 
 def _kernel_text(kernel: Kernel) -> str:
@@ -154,9 +207,14 @@ def _kernel_text(kernel: Kernel) -> str:
     return text
 
 
-def _json_params(model: KernelRidge) -> dict[str, Any]:
+def _json_params(model: Model) -> dict[str, Any]:
     params = model.get_params(deep=False)
     params.pop("kernel")
+    if callable(params.get("optimizer")):
+        warnings.warn(f"optimizer={params['optimizer']!r} (a function) cannot be stored in a "
+                      "model file; the loaded model gets optimizer='lbfgs' (this only matters "
+                      "if it is refitted).", UserWarning, stacklevel=3)
+        params["optimizer"] = "lbfgs"
     # numpy scalars (from np.arange/np.logspace grids) are stored as the Python numbers they are
     params = {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
     seed = params["random_state"]
@@ -168,11 +226,22 @@ def _json_params(model: KernelRidge) -> dict[str, Any]:
     return params
 
 
-def _fitted_scalars(model: KernelRidge) -> dict[str, Any]:
-    fitted = {"solver_": model.solver_, "n_iter_": int(model.n_iter_),
-              "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_),
-              "dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
-              "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)}
+def _fitted_scalars(model: Model) -> dict[str, Any]:
+    fitted: dict[str, Any] = {
+        "solver_": model.solver_, "n_iter_": int(model.n_iter_),
+        "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_)}
+    if isinstance(model, GaussianProcessRegressor):
+        lml = float(model.log_marginal_likelihood_value_)
+        fitted.update({
+            "variance_": model.variance_,
+            "log_marginal_likelihood_value_": lml if np.isfinite(lml) else None,
+            "y_train_mean": model._y_train_mean.tolist(),
+            "y_train_std": model._y_train_std.tolist(),
+            **{f"{name}_lazy": isinstance(getattr(model, f"{name}_"), da.Array)
+               for name in ("alpha", "X_train", "y_train")}})
+    else:
+        fitted.update({"dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
+                       "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)})
     if hasattr(model, "feature_names_in_"):
         fitted["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
     return fitted
@@ -235,14 +304,14 @@ def _model_attrs(url: str) -> dict[str, Any]:
 def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
     """The file's fitted scalars, refusing any name ``save`` does not write: ``load``
     calls ``setattr`` with them, which must never reach methods or dunders."""
-    fitted = attrs["fitted"]
-    unknown = sorted(set(fitted) - _FITTED_NAMES) if isinstance(fitted, dict) else fitted
-    missing = sorted(_FITTED_NAMES - {"feature_names_in_"} - set(fitted)) if not unknown else []
+    fitted, known = attrs["fitted"], _FITTED_NAMES[attrs["dkern_model"]]
+    unknown = sorted(set(fitted) - known) if isinstance(fitted, dict) else fitted
+    missing = sorted(known - {"feature_names_in_"} - set(fitted)) if not unknown else []
     if unknown or missing:
         raise StoreError(
             f"{url!r}: the model's 'fitted' attributes name {unknown or missing} "
             f"({'unknown to' if unknown else 'missing, needed by'} dkern.load, which sets only "
-            f"{sorted(_FITTED_NAMES)}). The file was not written by dkern.save; save the "
+            f"{sorted(known)}). The file was not written by dkern.save; save the "
             "model again.")
     return dict(fitted)
 

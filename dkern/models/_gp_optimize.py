@@ -1,0 +1,100 @@
+"""Hyperparameter learning: maximise the exact log marginal likelihood over ``theta``.
+
+As scikit-learn's ``GaussianProcessRegressor``: L-BFGS-B in log space within the
+kernel's log-bounds, with the analytic gradient, from the kernel's own ``theta`` and
+then from ``n_restarts`` starts drawn uniformly in the log-bounds; the best run wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from numbers import Integral
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+
+from ..errors import ConvergenceWarning, NotPositiveDefiniteError
+from ..kernels import Kernel
+from ._gp_exact import log_marginal_likelihood
+
+logger = logging.getLogger(__name__)
+
+Objective = Callable[..., Any]
+
+
+def check_optimizer(optimizer: Any, n_restarts: Any) -> None:
+    """Raise unless ``optimizer`` is "lbfgs", None or a callable, and ``n_restarts`` >= 0."""
+    if not (optimizer is None or callable(optimizer)
+            or (isinstance(optimizer, str) and optimizer == "lbfgs")):
+        raise ValueError(f"optimizer must be 'lbfgs', a callable optimizer(obj_func, "
+                         f"initial_theta, bounds) -> (theta, value), or None; got {optimizer!r}.")
+    if isinstance(n_restarts, bool) or not isinstance(n_restarts, Integral) or n_restarts < 0:
+        raise ValueError(f"n_restarts_optimizer must be an integer >= 0; got {n_restarts!r}.")
+
+
+def check_start_in_bounds(kernel: Kernel) -> None:
+    """Raise if a learnable parameter starts outside its bounds, naming it and the fix."""
+    theta, bounds = kernel.theta, kernel.bounds
+    slack = 1e-12 * np.maximum(1.0, np.abs(bounds))
+    outside = (theta < bounds[:, 0] - slack[:, 0]) | (theta > bounds[:, 1] + slack[:, 1])
+    if outside.any():
+        k = int(np.argmax(outside))
+        raise ValueError(
+            f"kernel hyperparameter {kernel.hyperparameter_names[k]} = {np.exp(theta[k]):.6g} "
+            f"lies outside its bounds ({np.exp(bounds[k, 0]):.6g}, {np.exp(bounds[k, 1]):.6g}), "
+            "so the optimizer cannot start there. Start inside the bounds, widen them (e.g. "
+            "lengthscale_bounds=(1e-3, 1e3) or constant_bounds=...), fix the parameter with "
+            "bounds 'fixed', or pass optimizer=None.")
+
+
+def optimize(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha: float, optimizer: Any,
+             n_restarts: int, rng: np.random.RandomState) -> tuple[np.ndarray, float]:
+    """The best ``theta`` found and its log marginal likelihood.
+
+    Warns (``ConvergenceWarning``) when a run does not converge, with the best value
+    found; raises when no run reaches a finite likelihood (never returns NaN).
+    """
+    check_start_in_bounds(kernel)
+    bounds = kernel.bounds
+
+    def objective(theta: np.ndarray, eval_gradient: bool = True) -> Any:
+        if not np.all(np.isfinite(theta)):
+            value, grad = -np.inf, np.zeros(len(theta))
+        else:
+            value, grad = log_marginal_likelihood(kernel.with_theta(theta), X, y, alpha,
+                                                  eval_gradient)
+        if not np.isfinite(value):  # steer the search away; scikit-learn returns -inf too
+            return (np.inf, np.zeros(len(theta))) if eval_gradient else np.inf
+        return (-value, -grad) if eval_gradient else -value
+
+    starts = [kernel.theta] + [rng.uniform(bounds[:, 0], bounds[:, 1]) for _ in range(n_restarts)]
+    runs = [_run(objective, start, bounds, optimizer) for start in starts]
+    theta, neg_value = min(runs, key=lambda run: run[1] if np.isfinite(run[1]) else np.inf)
+    if not np.isfinite(neg_value):
+        raise NotPositiveDefiniteError(
+            f"no hyperparameters tried by the optimizer ({len(runs)} runs) gave a positive "
+            f"definite K + alpha I (alpha={alpha:g}); increase alpha, narrow the kernel's "
+            "bounds, or pass optimizer=None.")
+    logger.info("GP optimizer: best log marginal likelihood %.6g over %d runs", -neg_value,
+                len(runs))
+    return np.asarray(theta, dtype=float), float(-neg_value)
+
+
+def _run(objective: Objective, start: np.ndarray, bounds: np.ndarray,
+         optimizer: Any) -> tuple[np.ndarray, float]:
+    """One optimizer run from ``start``: (theta, minimum of -ln p)."""
+    if callable(optimizer):
+        theta, value = optimizer(objective, start, bounds)
+        return np.asarray(theta, dtype=float), float(value)
+    result = scipy.optimize.minimize(objective, start, method="L-BFGS-B", jac=True,
+                                     bounds=bounds)
+    if not result.success:
+        warnings.warn(
+            f"L-BFGS-B stopped without converging ({result.message}) after {result.nit} "
+            f"iterations; keeping the best log marginal likelihood found, {-result.fun:.6g}. "
+            "Raise n_restarts_optimizer, narrow the kernel's bounds, or increase alpha.",
+            ConvergenceWarning, stacklevel=4)
+    return np.asarray(result.x, dtype=float), float(result.fun)

@@ -1,0 +1,475 @@
+"""Gaussian process regression as a scikit-learn estimator over dkern's solvers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.linalg as sla
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from ..io import is_store_ref, write_arrays
+from ..kernels import Gaussian, Kernel, Scaled
+from ..operators import gram
+from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
+from . import _gp_exact
+from ._gp_optimize import check_optimizer, optimize
+from ._validation import as_generator, check_choice, check_tol, check_X, check_y, finite_number
+from .kernel_ridge import CG_PRECONDITIONER_RANK
+
+logger = logging.getLogger(__name__)
+
+#: Solvers of ``C a = y`` and variance methods this estimator offers (``"auto"`` first).
+SOLVERS = ("auto", "exact", "cg")
+VARIANCES = ("auto", "exact", "cg")
+#: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
+MAX_COV_BYTES = 2**30
+#: Bytes of the block-CG vectors (about six (n, b) arrays) of one batch of test points.
+CG_VARIANCE_BYTES = 2**30
+
+
+class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
+    """Gaussian process regression on data larger than memory.
+
+    With ``t = f(x) + ε``, ``C = K + alpha I`` (``alpha`` added to the diagonal exactly
+    as scikit-learn's ``GaussianProcessRegressor(alpha=...)``: the noise variance),
+
+    .. math:: m(x_*) = k_*^\\top C^{-1} t, \\qquad
+              \\sigma^2(x_*) = k(x_*, x_*) - k_*^\\top C^{-1} k_*,
+
+    ``predict(return_std=True)`` returning the latent standard deviation ``σ(x*)``
+    (the noise ``alpha`` not included), as scikit-learn does.
+
+    Precision: kernel values, solves and predictions are float64 whatever the input
+    dtype (float32 data is upcast block by block as it is read).
+
+    Parameters
+    ----------
+    kernel : dkern kernel, optional
+        Default ``Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
+        constant_bounds="fixed")``: scikit-learn's default, nothing to learn. The
+        learnable hyperparameters are the kernel's ``theta`` (lengthscales, ARD
+        included, and the constant ``c`` of ``c * k``; see ``kernel.bounds``).
+    alpha : float, default=1e-10
+        Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 for ``"cg"``.
+    solver : {"auto", "exact", "cg"}, default="auto"
+        How ``C a = t`` is solved. ``"exact"``: dense Cholesky, O(n³) time and n² memory
+        (n <= ``dkern.solvers.EXACT_MAX_N``). ``"cg"``: block CG on the lazy
+        ``gram(kernel, X) + alpha`` with a rank-``CG_PRECONDITIONER_RANK`` Nyström
+        preconditioner: the same model, to ``tol``, never holding an n × n matrix.
+        ``"auto"``: ``"exact"`` up to ``EXACT_MAX_N`` rows, ``"cg"`` above (logged).
+    variance : {"auto", "exact", "cg"}, default="auto"
+        How ``k_*ᵀ C⁻¹ k_*`` is computed. ``"exact"``: triangular solves with the
+        Cholesky factor, O(n² m), exact to rounding (needs ``solver="exact"``).
+        ``"cg"``: block CG with the columns ``k(X, x*)`` of batches of test points as
+        right-hand sides, each batch costing one CG solve (exact to ``tol``; for
+        moderate numbers of test points). ``"auto"``: the solver's own method.
+    n_centers : int, optional
+        Reserved for the sparse (Nyström) solver; not used by ``"exact"`` or ``"cg"``.
+    optimizer : "lbfgs", callable or None, default="lbfgs"
+        Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
+        (L-BFGS-B in log space with the exact gradient, n <= ``EXACT_MAX_N``). A
+        callable ``optimizer(obj_func, initial_theta, bounds) -> (theta, min_value)``
+        as scikit-learn's. None keeps the kernel's hyperparameters.
+    n_restarts_optimizer : int, default=0
+        Extra optimizer runs from starts drawn uniformly in the log-bounds.
+    normalize_y : bool, default=False
+        Centre and scale the targets to unit variance before fitting (as scikit-learn).
+    tol : float, default=1e-8
+        Relative residual at which CG stops, for the fit and every variance batch; the
+        means and variances of ``"cg"`` are exact to about ``tol`` times the condition
+        number of the preconditioned system. Unused by ``"exact"``.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How kernel blocks of the lazy operators are computed.
+    random_state : int, numpy Generator or RandomState, optional
+        Seeds the optimizer's restarts and the preconditioner's pivots.
+
+    Attributes
+    ----------
+    kernel_ : Kernel
+        The kernel with the fitted hyperparameters.
+    alpha_ : ndarray or dask.array.Array of shape (n,) or (n, t)
+        ``C⁻¹ t`` (t the normalised targets); lazy for ``"cg"`` on dask/Zarr X.
+    L_ : ndarray of shape (n, n)
+        ``"exact"`` only: the lower Cholesky factor of ``C``.
+    X_train_ : ndarray or dask.array.Array of shape (n, d)
+    y_train_ : ndarray or dask.array.Array of shape (n,) or (n, t)
+        The targets as fitted (normalised when ``normalize_y``).
+    log_marginal_likelihood_value_ : float
+        ``ln p(t | θ)`` of ``kernel_`` (n <= ``EXACT_MAX_N``; NaN above, where it is
+        not computed).
+    solver_, variance_ : str
+        The methods used (``"auto"`` resolved).
+    n_iter_ : int
+        CG iterations of the fit (1 for exact).
+    converged_ : bool
+    n_features_in_ : int
+    """
+
+    kernel_: Kernel
+    alpha_: np.ndarray | da.Array
+    X_train_: np.ndarray | da.Array
+    y_train_: np.ndarray | da.Array
+    log_marginal_likelihood_value_: float
+    solver_: str
+    variance_: str
+    n_iter_: int
+    converged_: bool
+    n_features_in_: int
+
+    def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
+                 solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
+                 optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
+                 normalize_y: bool = False, tol: float = 1e-8, backend: str = "auto",
+                 random_state: Any = None) -> None:
+        self.kernel = kernel
+        self.alpha = alpha
+        self.solver = solver
+        self.variance = variance
+        self.n_centers = n_centers
+        self.optimizer = optimizer
+        self.n_restarts_optimizer = n_restarts_optimizer
+        self.normalize_y = normalize_y
+        self.tol = tol
+        self.backend = backend
+        self.random_state = random_state
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X: Any, y: Any) -> GaussianProcessRegressor:
+        """Fit the GP: learn the hyperparameters (if ``optimizer``), then solve ``C a = t``.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
+        y : array-like or dask array of shape (n,) or (n, t)
+
+        Returns
+        -------
+        self
+        """
+        kernel = self._checked_kernel()
+        solver, variance = self._checked_methods()
+        tol = check_tol(self.tol)
+        check_optimizer(self.optimizer, self.n_restarts_optimizer)
+        Xv = check_X(self, X, reset=True)
+        yv = check_y(y, Xv.shape[0], type(self).__name__)
+        n = Xv.shape[0]
+        solver, variance = self._resolve(solver, variance, n)
+        alpha = self._checked_alpha(solver)
+        self.__dict__.pop("L_", None)
+        self._preconditioner = None
+        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)  # the precision rule
+        if solver == "exact" and isinstance(Xw, da.Array):
+            Xw = Xw.compute()  # the exact solver holds everything in memory anyway
+        yw = self._normalized(yv)
+        self.X_train_, self.y_train_ = Xw, yw
+        self.kernel_ = self._learned_kernel(kernel, Xw, yw, alpha, n)
+        if solver == "exact":
+            self._fit_exact(Xw, yw, alpha)
+        else:
+            self._fit_cg(Xw, yw, alpha, tol)
+        self.solver_, self.variance_ = solver, variance
+        logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
+                    solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
+        return self
+
+    def _checked_kernel(self) -> Kernel:
+        if self.kernel is None:  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
+            return Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"), constant_bounds="fixed")
+        if not isinstance(self.kernel, Kernel):
+            raise TypeError(f"kernel must be a dkern kernel such as 1.0 * dkern.kernels."
+                            f"Gaussian(1.0), or None; got {type(self.kernel).__name__}.")
+        return self.kernel
+
+    def _checked_methods(self) -> tuple[str, str]:
+        solver = check_choice(self.solver, "solver", SOLVERS)
+        variance = check_choice(self.variance, "variance", VARIANCES)
+        if self.n_centers is not None:
+            raise ValueError(f"n_centers={self.n_centers!r} selects a sparse (Nyström) solver, "
+                             f"which this GaussianProcessRegressor does not offer; the solvers "
+                             f"are {list(SOLVERS)}. Leave n_centers=None.")
+        return solver, variance
+
+    def _resolve(self, solver: str, variance: str, n: int) -> tuple[str, str]:
+        if solver == "auto":  # never a less accurate model: cg is the same one, to tol
+            solver = "exact" if n <= EXACT_MAX_N else "cg"
+            logger.info("GaussianProcessRegressor: solver='auto' chose %r (n=%d, EXACT_MAX_N=%d)",
+                        solver, n, EXACT_MAX_N)
+        if solver == "exact" and n > EXACT_MAX_N:
+            raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
+                             f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg'.")
+        if variance == "auto":
+            variance = solver
+        if variance == "exact" and solver != "exact":
+            raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
+                             f"solver={solver!r}. Use variance='cg' (exact to tol) or "
+                             "solver='exact'.")
+        return solver, variance
+
+    def _checked_alpha(self, solver: str) -> float:
+        if np.ndim(self.alpha) != 0:
+            raise ValueError(f"alpha must be one number (the noise variance added to every "
+                             f"diagonal entry); got an array of shape {np.shape(self.alpha)}.")
+        value = finite_number(self.alpha)
+        if value is None or value < 0 or (value == 0 and solver == "cg"):
+            bound = ">= 0" if solver == "exact" else "> 0"
+            raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} (the "
+                             f"noise variance added to the diagonal); got {self.alpha!r}. Use "
+                             "e.g. alpha=1e-6.")
+        return value
+
+    def _normalized(self, y: Any) -> Any:
+        y = y if y.dtype == np.float64 else y.astype(np.float64)
+        t = 1 if y.ndim == 1 else y.shape[1]
+        mean, std = np.zeros(t), np.ones(t)
+        if self.normalize_y:
+            mean, std = (np.asarray(v, dtype=np.float64).reshape(t)
+                         for v in dask.compute(y.mean(axis=0), y.std(axis=0)))
+            std = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)  # constant targets
+        self._y_train_mean, self._y_train_std = mean, std
+        return (y - (mean[0] if y.ndim == 1 else mean)) / (std[0] if y.ndim == 1 else std)
+
+    def _learned_kernel(self, kernel: Kernel, X: Any, y: Any, alpha: float, n: int) -> Kernel:
+        learn = self.optimizer is not None and len(kernel.theta) > 0
+        if not learn and n > EXACT_MAX_N:
+            self.log_marginal_likelihood_value_ = float("nan")  # not computed at this size
+            return kernel
+        if n > EXACT_MAX_N:
+            raise ValueError(f"learning hyperparameters (optimizer={self.optimizer!r}) uses the "
+                             f"exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
+                             "Learn them on a subsample and refit with optimizer=None.")
+        Xn, yn = _in_memory(X), _in_memory(y).reshape(n, -1)
+        if not learn:
+            self.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
+                kernel, Xn, yn, alpha, eval_gradient=False)[0]
+            return kernel
+        theta, value = optimize(kernel, Xn, yn, alpha, self.optimizer,
+                                self.n_restarts_optimizer, check_random_state(
+                                    _legacy_seed(self.random_state)))
+        self.log_marginal_likelihood_value_ = value
+        return kernel.with_theta(theta)
+
+    def _fit_exact(self, X: np.ndarray, y: Any, alpha: float) -> None:
+        L = _gp_exact.cholesky(self.kernel_, X, alpha)
+        yn = _in_memory(y)
+        self.L_ = L
+        self.alpha_ = np.ascontiguousarray(sla.cho_solve((L, True), yn, check_finite=False))
+        self.n_iter_, self.converged_ = 1, True
+
+    def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float) -> None:
+        result = cg(self._operator(alpha), y, preconditioner=self._cg_preconditioner(alpha),
+                    tol=tol)
+        self.alpha_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
+                       else result.x)
+        self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
+
+    def _operator(self, alpha: float) -> Any:
+        return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
+
+    def _cg_preconditioner(self, alpha: float) -> NystromPreconditioner:
+        """The Nyström preconditioner of ``C``, built once per fitted model (or loaded one)."""
+        if getattr(self, "_preconditioner", None) is None:
+            n = self.X_train_.shape[0]
+            self._preconditioner = NystromPreconditioner(
+                self.kernel_, self.X_train_, alpha, min(n, CG_PRECONDITIONER_RANK),
+                pivots="rpcholesky", random_state=as_generator(self.random_state))
+        return self._preconditioner
+
+    # ------------------------------------------------------------- predict
+    def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
+                out: tuple[str, str] | None = None, *, overwrite: bool = False) -> Any:
+        """Posterior mean, and the latent standard deviation or covariance, at X.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+        return_std : bool, default=False
+            Also return ``σ(x*)`` (latent: ``alpha`` not included, as scikit-learn).
+        return_cov : bool, default=False
+            Also return the latent covariance (m, m); for m up to
+            ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``.
+        out : (url, group), optional
+            Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
+            ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
+            (:func:`dkern.io.write_arrays`), and return ``out``.
+        overwrite : bool, default=False
+            Replace arrays already at ``out``; without it that is refused before any work.
+
+        Returns
+        -------
+        mean : ndarray of shape (m,) or (m, t)
+            A lazy dask array for dask/Zarr X.
+        std : ndarray of shape (m,) or (m, t), only with ``return_std``
+        cov : ndarray of shape (m, m) or (m, m, t), only with ``return_cov``
+        """
+        check_is_fitted(self, "alpha_")
+        if return_std and return_cov:
+            raise RuntimeError("At most one of return_std or return_cov can be requested.")
+        if out is not None and return_cov:
+            raise ValueError("out= writes the mean and std; return_cov cannot be written. Use "
+                             "return_std=True with out=, or return_cov without out=.")
+        Xv = check_X(self, X, reset=False)
+        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        if return_cov:
+            _check_cov_size(Xw.shape[0])
+        mean = self._mean(Xw)
+        lazy = isinstance(Xw, da.Array)
+        if not (return_std or return_cov):
+            return self._deliver(mean, None, lazy, out, overwrite)
+        if return_std:
+            std = self._scaled(da.sqrt(self._latent_variance(Xw)) if lazy
+                               else np.sqrt(self._latent_variance(Xw)), power=1)
+            return self._deliver(mean, std, lazy, out, overwrite)
+        cov = self._latent_covariance(_in_memory(Xw))
+        return mean.compute(), self._scaled(cov, power=2)
+
+    def _mean(self, X: Any) -> da.Array:
+        latent = gram(self.kernel_, X, self.X_train_, backend=self.backend,
+                      dtype=np.float64) @ self.alpha_
+        if self.alpha_.ndim == 1:
+            return latent * self._y_train_std[0] + self._y_train_mean[0]
+        return latent * self._y_train_std + self._y_train_mean
+
+    def _scaled(self, latent: Any, power: int) -> Any:
+        """Latent std (power 1) or covariance (power 2) in the units of y, per target."""
+        if self.alpha_.ndim == 1:
+            return latent * self._y_train_std[0] ** power
+        factor = self._y_train_std ** power
+        return latent[..., None] * factor
+
+    def _deliver(self, mean: da.Array, std: Any, lazy: bool, out: Any, overwrite: bool) -> Any:
+        if out is not None:
+            _write_prediction(out, mean, std, overwrite)
+            return out
+        if lazy:
+            return mean if std is None else (mean, std)
+        return mean.compute() if std is None else (mean.compute(), std)
+
+    def _latent_variance(self, X: Any) -> Any:
+        """``k(x*, x*) - k_*ᵀ C⁻¹ k_*``: numpy (m,) for numpy X, dask for dask X."""
+        if self.variance_ == "exact":
+            if isinstance(X, np.ndarray):
+                return _gp_exact.variance(self.kernel_, self.X_train_, self.L_, X)
+            return da.map_blocks(_gp_exact.variance_block, X, drop_axis=1, dtype=np.float64,
+                                 meta=np.empty((0,)), kernel=self.kernel_,
+                                 X=dask.delayed(self.X_train_), L=dask.delayed(self.L_))
+        var = self._cg_variance(_in_memory(X))
+        return da.from_array(var, chunks=(X.chunks[0],)) if isinstance(X, da.Array) else var
+
+    def _cg_variance(self, Xt: np.ndarray) -> np.ndarray:
+        n, m = self.X_train_.shape[0], len(Xt)
+        cols = max(1, min(m, CG_VARIANCE_BYTES // (6 * 8 * n)))
+        var = np.empty(m)
+        for j0 in range(0, m, cols):
+            var[j0:j0 + cols] = self._cg_variance_batch(Xt[j0:j0 + cols])
+        return _gp_exact.clip_variance(var)
+
+    def _cg_variance_batch(self, Xb: np.ndarray) -> np.ndarray:
+        """One batch: block CG with the columns ``k(X, x*)`` as right-hand sides."""
+        alpha = self._checked_alpha("cg")
+        B = gram(self.kernel_, self.X_train_, Xb, backend=self.backend,
+                 dtype=np.float64).kernel_blocks()  # shape: (n, b), lazy
+        result = cg(self._operator(alpha), B, preconditioner=self._cg_preconditioner(alpha),
+                    tol=check_tol(self.tol))
+        V = result.x.rechunk(B.chunks)
+        (quad,) = dask.compute((B * V).sum(axis=0))
+        return self.kernel_.diag(Xb) - quad
+
+    def _latent_covariance(self, Xt: np.ndarray) -> np.ndarray:
+        if self.variance_ == "exact":
+            return _gp_exact.covariance(self.kernel_, self.X_train_, self.L_, Xt)
+        alpha = self._checked_alpha("cg")
+        B = gram(self.kernel_, self.X_train_, Xt, backend=self.backend,
+                 dtype=np.float64).kernel_blocks()
+        V = cg(self._operator(alpha), B, preconditioner=self._cg_preconditioner(alpha),
+               tol=check_tol(self.tol)).x
+        quad = gram(self.kernel_, Xt, self.X_train_, backend=self.backend,
+                    dtype=np.float64) @ V
+        cov = np.asarray(self.kernel_(Xt), dtype=np.float64) - quad.compute()
+        return (cov + cov.T) / 2  # CG's two sides agree to tol only
+
+    # ------------------------------------------------- likelihood and samples
+    def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
+                                clone_kernel: bool = True) -> Any:
+        """``ln p(t | X, θ)`` of the training data, exact (n <= ``EXACT_MAX_N``).
+
+        Parameters
+        ----------
+        theta : array-like of shape (p,), optional
+            Log-hyperparameters of ``kernel_`` (``kernel_.theta`` layout); None returns
+            ``log_marginal_likelihood_value_``.
+        eval_gradient : bool, default=False
+            Also return the gradient ``½ Σ_ij (a aᵀ - C⁻¹)_ij ∂C_ij/∂θ_k``, shape (p,).
+        clone_kernel : bool, default=True
+            Accepted for scikit-learn compatibility; ``kernel_`` is never modified.
+
+        Returns
+        -------
+        float, or (float, ndarray of shape (p,)) with ``eval_gradient``
+        """
+        check_is_fitted(self, "alpha_")
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("Gradient can only be evaluated for theta!=None")
+            return self.log_marginal_likelihood_value_
+        n = self.X_train_.shape[0]
+        if n > EXACT_MAX_N:
+            raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
+                             f"model has n={n}. Evaluate it on a subsample.")
+        kernel = self.kernel_.with_theta(theta)
+        value, grad = _gp_exact.log_marginal_likelihood(
+            kernel, _in_memory(self.X_train_), _in_memory(self.y_train_).reshape(n, -1),
+            self._checked_alpha(self.solver_), eval_gradient)
+        return (value, grad) if eval_gradient else value
+
+    def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
+        """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn.
+
+        Returns
+        -------
+        ndarray of shape (m, n_samples) or (m, t, n_samples)
+        """
+        rng = check_random_state(random_state)
+        mean, cov = self.predict(X, return_cov=True)
+        if mean.ndim == 1:
+            return rng.multivariate_normal(mean, cov, n_samples).T
+        draws = [rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
+                 for k in range(mean.shape[1])]
+        return np.hstack(draws)
+
+
+def _in_memory(a: Any) -> np.ndarray:
+    return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)
+
+
+def _legacy_seed(random_state: Any) -> Any:
+    """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(np.iinfo(np.int32).max))
+    return random_state
+
+
+def _check_cov_size(m: int) -> None:
+    if 8 * m * m > MAX_COV_BYTES:
+        raise ValueError(f"return_cov=True for {m} test points builds an {m} x {m} covariance "
+                         f"({8 * m * m / 2**30:.1f} GiB), more than the {MAX_COV_BYTES / 2**30:g} "
+                         "GiB allowed (MAX_COV_BYTES). Use return_std=True for the pointwise "
+                         "standard deviations, or ask for the covariance of fewer points.")
+
+
+def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> None:
+    if not is_store_ref(out):
+        raise TypeError(f"out must be a (url, group) tuple: a str or path-like store and a str "
+                        f"group path, e.g. ('preds.zarr', 'gp'); got {out!r}.")
+    arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
+    write_arrays(out[0], arrays, group=out[1], overwrite=overwrite)

