@@ -101,8 +101,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     y_train_ : ndarray or dask.array.Array of shape (n,) or (n, t)
         The targets as fitted (normalised when ``normalize_y``).
     log_marginal_likelihood_value_ : float
-        ``ln p(t | θ)`` of ``kernel_`` (n <= ``EXACT_MAX_N``; NaN above, where it is
-        not computed).
+        ``ln p(t | θ)`` of ``kernel_``, exact, for n <= ``EXACT_MAX_N`` (``"exact"``
+        reads it off its Cholesky factor; ``"cg"`` factors ``C`` densely once for it).
+        NaN above ``EXACT_MAX_N``, where it is not computed.
     solver_, variance_ : str
         The methods used (``"auto"`` resolved).
     n_iter_ : int
@@ -240,22 +241,18 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return (y - (mean[0] if y.ndim == 1 else mean)) / (std[0] if y.ndim == 1 else std)
 
     def _learned_kernel(self, kernel: Kernel, X: Any, y: Any, alpha: float, n: int) -> Kernel:
+        """The kernel with the learned hyperparameters; sets the LML unless the solve will."""
+        self.log_marginal_likelihood_value_ = float("nan")  # above EXACT_MAX_N: not computed
         learn = self.optimizer is not None and len(kernel.theta) > 0
-        if not learn and n > EXACT_MAX_N:
-            self.log_marginal_likelihood_value_ = float("nan")  # not computed at this size
-            return kernel
-        if n > EXACT_MAX_N:
+        if learn and n > EXACT_MAX_N:
             raise ValueError(f"learning hyperparameters (optimizer={self.optimizer!r}) uses the "
                              f"exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
                              "Learn them on a subsample and refit with optimizer=None.")
-        Xn, yn = _in_memory(X), _in_memory(y).reshape(n, -1)
         if not learn:
-            self.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
-                kernel, Xn, yn, alpha, eval_gradient=False)[0]
             return kernel
-        theta, value = optimize(kernel, Xn, yn, alpha, self.optimizer,
-                                self.n_restarts_optimizer, check_random_state(
-                                    _legacy_seed(self.random_state)))
+        theta, value = optimize(kernel, _in_memory(X), _in_memory(y).reshape(n, -1), alpha,
+                                self.optimizer, self.n_restarts_optimizer,
+                                check_random_state(_legacy_seed(self.random_state)))
         self.log_marginal_likelihood_value_ = value
         return kernel.with_theta(theta)
 
@@ -264,6 +261,10 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         yn = _in_memory(y)
         self.L_ = L
         self.alpha_ = np.ascontiguousarray(sla.cho_solve((L, True), yn, check_finite=False))
+        if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
+            yt = yn.reshape(len(yn), -1)
+            self.log_marginal_likelihood_value_ = _gp_exact.lml_from_factor(
+                L, yt, self.alpha_.reshape(yt.shape))
         self.n_iter_, self.converged_ = 1, True
 
     def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float) -> None:
@@ -272,6 +273,10 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.alpha_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
                        else result.x)
         self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
+        n = X.shape[0]
+        if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
+            self.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
+                self.kernel_, _in_memory(X), _in_memory(y).reshape(n, -1), alpha, False)[0]
 
     def _operator(self, alpha: float) -> Any:
         return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
