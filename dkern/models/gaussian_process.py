@@ -18,6 +18,7 @@ from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
 from . import _gp_exact
+from ._gp_cg import cg_covariance, cg_variance
 from ._gp_optimize import check_optimizer, optimize
 from ._validation import as_generator, check_choice, check_tol, check_X, check_y, finite_number
 from .kernel_ridge import CG_PRECONDITIONER_RANK
@@ -29,8 +30,6 @@ SOLVERS = ("auto", "exact", "cg")
 VARIANCES = ("auto", "exact", "cg")
 #: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
 MAX_COV_BYTES = 2**30
-#: Bytes of the block-CG vectors (about six (n, b) arrays) of one batch of test points.
-CG_VARIANCE_BYTES = 2**30
 
 
 class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
@@ -368,40 +367,19 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             return da.map_blocks(_gp_exact.variance_block, X, drop_axis=1, dtype=np.float64,
                                  meta=np.empty((0,)), kernel=self.kernel_,
                                  X=dask.delayed(self.X_train_), L=dask.delayed(self.L_))
-        var = self._cg_variance(_in_memory(X))
-        return da.from_array(var, chunks=(X.chunks[0],)) if isinstance(X, da.Array) else var
-
-    def _cg_variance(self, Xt: np.ndarray) -> np.ndarray:
-        n, m = self.X_train_.shape[0], len(Xt)
-        cols = max(1, min(m, CG_VARIANCE_BYTES // (6 * 8 * n)))
-        var = np.empty(m)
-        for j0 in range(0, m, cols):
-            var[j0:j0 + cols] = self._cg_variance_batch(Xt[j0:j0 + cols])
-        return _gp_exact.clip_variance(var)
-
-    def _cg_variance_batch(self, Xb: np.ndarray) -> np.ndarray:
-        """One batch: block CG with the columns ``k(X, x*)`` as right-hand sides."""
         alpha = self._checked_alpha("cg")
-        B = gram(self.kernel_, self.X_train_, Xb, backend=self.backend,
-                 dtype=np.float64).kernel_blocks()  # shape: (n, b), lazy
-        result = cg(self._operator(alpha), B, preconditioner=self._cg_preconditioner(alpha),
-                    tol=check_tol(self.tol))
-        V = result.x.rechunk(B.chunks)
-        (quad,) = dask.compute((B * V).sum(axis=0))
-        return self.kernel_.diag(Xb) - quad
+        var = cg_variance(self.kernel_, self.X_train_, self._operator(alpha),
+                          self._cg_preconditioner(alpha), _in_memory(X),
+                          tol=check_tol(self.tol), backend=self.backend)
+        return da.from_array(var, chunks=(X.chunks[0],)) if isinstance(X, da.Array) else var
 
     def _latent_covariance(self, Xt: np.ndarray) -> np.ndarray:
         if self.variance_ == "exact":
             return _gp_exact.covariance(self.kernel_, self.X_train_, self.L_, Xt)
         alpha = self._checked_alpha("cg")
-        B = gram(self.kernel_, self.X_train_, Xt, backend=self.backend,
-                 dtype=np.float64).kernel_blocks()
-        V = cg(self._operator(alpha), B, preconditioner=self._cg_preconditioner(alpha),
-               tol=check_tol(self.tol)).x
-        quad = gram(self.kernel_, Xt, self.X_train_, backend=self.backend,
-                    dtype=np.float64) @ V
-        cov = np.asarray(self.kernel_(Xt), dtype=np.float64) - quad.compute()
-        return (cov + cov.T) / 2  # CG's two sides agree to tol only
+        return cg_covariance(self.kernel_, self.X_train_, self._operator(alpha),
+                             self._cg_preconditioner(alpha), Xt, tol=check_tol(self.tol),
+                             backend=self.backend)
 
     # ------------------------------------------------- likelihood and samples
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
