@@ -270,9 +270,8 @@ def check_bounds(bounds: Any, name: str, owner: str) -> None:
     """Raise unless ``bounds`` is ``"fixed"`` or a pair ``(low, high)``, 0 < low <= high < inf."""
     if isinstance(bounds, str) and bounds == FIXED:
         return
-    arr = None if isinstance(bounds, str | bool) else np.asarray(bounds, dtype=object)
-    ok = arr is not None and arr.shape == (2,) and all(
-        isinstance(b, Real) and not isinstance(b, bool) for b in arr)
+    arr = np.asarray(None if isinstance(bounds, str | bool) else bounds, dtype=object)
+    ok = arr.shape == (2,) and all(isinstance(b, Real) and not isinstance(b, bool) for b in arr)
     if ok:
         low, high = float(arr[0]), float(arr[1])
         ok = 0 < low <= high < np.inf

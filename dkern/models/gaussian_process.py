@@ -121,6 +121,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     n_iter_: int
     converged_: bool
     n_features_in_: int
+    _preconditioner: NystromPreconditioner | None
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
@@ -175,7 +176,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.X_train_, self.y_train_ = Xw, yw
         self.kernel_ = self._learned_kernel(kernel, Xw, yw, alpha, n)
         if solver == "exact":
-            self._fit_exact(Xw, yw, alpha)
+            self._fit_exact(np.asarray(Xw), yw, alpha)
         else:
             self._fit_cg(Xw, yw, alpha, tol)
         self.solver_, self.variance_ = solver, variance
@@ -282,12 +283,13 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
 
     def _cg_preconditioner(self, alpha: float) -> NystromPreconditioner:
         """The Nyström preconditioner of ``C``, built once per fitted model (or loaded one)."""
-        if getattr(self, "_preconditioner", None) is None:
+        pre = getattr(self, "_preconditioner", None)
+        if pre is None:
             n = self.X_train_.shape[0]
-            self._preconditioner = NystromPreconditioner(
+            pre = self._preconditioner = NystromPreconditioner(
                 self.kernel_, self.X_train_, alpha, min(n, CG_PRECONDITIONER_RANK),
                 pivots="rpcholesky", random_state=as_generator(self.random_state))
-        return self._preconditioner
+        return pre
 
     # ------------------------------------------------------------- predict
     def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
@@ -363,7 +365,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         """``k(x*, x*) - k_*ᵀ C⁻¹ k_*``: numpy (m,) for numpy X, dask for dask X."""
         if self.variance_ == "exact":
             if isinstance(X, np.ndarray):
-                return _gp_exact.variance(self.kernel_, self.X_train_, self.L_, X)
+                return _gp_exact.variance(self.kernel_, np.asarray(self.X_train_), self.L_, X)
             return da.map_blocks(_gp_exact.variance_block, X, drop_axis=1, dtype=np.float64,
                                  meta=np.empty((0,)), kernel=self.kernel_,
                                  X=dask.delayed(self.X_train_), L=dask.delayed(self.L_))
@@ -375,7 +377,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
 
     def _latent_covariance(self, Xt: np.ndarray) -> np.ndarray:
         if self.variance_ == "exact":
-            return _gp_exact.covariance(self.kernel_, self.X_train_, self.L_, Xt)
+            return _gp_exact.covariance(self.kernel_, np.asarray(self.X_train_), self.L_, Xt)
         alpha = self._checked_alpha("cg")
         return cg_covariance(self.kernel_, self.X_train_, self._operator(alpha),
                              self._cg_preconditioner(alpha), Xt, tol=check_tol(self.tol),
