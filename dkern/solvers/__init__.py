@@ -10,10 +10,11 @@ from .centers import select_centers
 from .cg import CGResult, cg
 from .exact import EXACT_MAX_N, exact_solve
 from .falkon import NystromResult, falkon
+from .lanczos import LanczosResult, lanczos_decomposition, lanczos_predict
 from .preconditioners import FalkonPreconditioner, JacobiPreconditioner, NystromPreconditioner
 
 __all__ = [
-    "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner",
+    "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner", "LanczosResult",
     "NystromPreconditioner", "NystromResult",
-    "cg", "exact_solve", "falkon", "select_centers",
+    "cg", "exact_solve", "falkon", "lanczos_decomposition", "lanczos_predict", "select_centers",
 ]
