@@ -123,6 +123,7 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
                            width=M + t, name="dkern-sgpr-statistics", kernel=kernel)
     trace = GramOperator(kernel, Xd, None, "numpy").diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
+    logger.info("SGPR statistics: %d rows, %d centres, %d target column(s)", Xd.shape[0], M, t)
     return SGPRStatistics(kernel, Z, L, sums[:, :M], sums[:, M:], np.asarray(yty), float(trace),
                           int(Xd.shape[0]), jitter)
 
@@ -274,12 +275,14 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
     stats : SGPRStatistics
         From ``sgpr_statistics(kernel, X, y, centers)`` (the first pass).
     X, y : array-like of shape (n, d) and (n,) or (n, t)
-        The same data the statistics were computed from.
+        The same data the statistics were computed from. In an optimiser loop pass X
+        as a persisted dask array: numpy input is sent to the cluster on every call.
     sigma2 : float
         Noise variance s > 0.
     gradient : callable, optional
-        ``gradient(A, B) -> (len(A), len(B), p)``: ∂k/∂θ in log space (``kernel.gradient``
-        by default); picklable (a module-level function or a kernel's method).
+        ``gradient(A, B) -> (len(A), len(B), p)``: ∂k/∂θ of ``stats.kernel`` in log space
+        (``kernel.gradient`` by default); picklable (a module-level function or a
+        kernel's method).
     diag_gradient : callable, optional
         ``diag_gradient(A) -> (len(A), p)`` (``kernel.diag_gradient`` by default).
 
