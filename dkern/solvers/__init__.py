@@ -10,10 +10,19 @@ from .centers import select_centers
 from .cg import CGResult, cg
 from .exact import EXACT_MAX_N, exact_solve
 from .falkon import NystromResult, falkon
+from .lanczos import LanczosResult, lanczos_decomposition, lanczos_predict
 from .preconditioners import FalkonPreconditioner, JacobiPreconditioner, NystromPreconditioner
+from .sgpr import (
+    SGPRStatistics,
+    sgpr_bound,
+    sgpr_bound_gradient,
+    sgpr_predict,
+    sgpr_statistics,
+)
 
 __all__ = [
-    "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner",
-    "NystromPreconditioner", "NystromResult",
-    "cg", "exact_solve", "falkon", "select_centers",
+    "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner", "LanczosResult",
+    "NystromPreconditioner", "NystromResult", "SGPRStatistics",
+    "cg", "exact_solve", "falkon", "lanczos_decomposition", "lanczos_predict", "select_centers",
+    "sgpr_bound", "sgpr_bound_gradient", "sgpr_predict", "sgpr_statistics",
 ]

@@ -1,0 +1,378 @@
+"""Sparse GP regression: Titsias' (2009) collapsed variational bound, its gradient and predictive.
+
+M inducing points ``Z`` (the centres) and noise variance ``s = σ²``. With
+``K_uu = k(Z, Z) + εI`` (ε: a small jitter), ``Q_nn = K_nu K_uu⁻¹ K_un``, the
+bound on the log marginal likelihood is
+
+.. math:: F = \\log \\mathcal N(y \\mid 0, Q_{nn} + s I)
+              - \\frac{1}{2s} \\operatorname{tr}(K_{nn} - Q_{nn}) \\le \\log p(y),
+
+equal to ``log p(y)`` when Z is all of X. Everything F needs of the n rows is
+four sums, gathered in ONE pass over X's row chunks (:func:`sgpr_statistics`)
+and whitened by ``L = chol(K_uu)`` per tile as GPflow's ``SGPR`` does (forming
+``K_un K_nu`` first would square K_uu's condition number):
+
+.. math:: P = L^{-1} K_{un} K_{nu} L^{-\\top}, \\quad b = L^{-1} K_{un} y, \\quad
+          y^\\top y, \\quad \\textstyle\\sum_i k(x_i, x_i).
+
+Only M-sized results reach the client, and none depends on s. Then, with
+``B = I + P/s = L_B L_Bᵀ`` and ``c = L_B⁻¹ b / s``:
+
+.. math:: F = -\\tfrac{n}{2}\\log 2\\pi s - \\textstyle\\sum \\log \\mathrm{diag}\\, L_B
+              - \\frac{y^\\top y}{2s} + \\frac{\\|c\\|^2}{2}
+              - \\frac{\\sum_i k(x_i, x_i) - \\operatorname{tr} P}{2s}.
+
+The predictive is the SGPR (Titsias) posterior ``q(f*)``, not the naive
+Nyström covariance: with ``a = L⁻¹ k_u(x*)`` and ``a_B = L_B⁻¹ a``,
+
+.. math:: m(x_*) = a_B^\\top c, \\qquad
+          v(x_*) = \\underbrace{k(x_*, x_*) - \\|a\\|^2}_{\\ge 0} + \\|a_B\\|^2,
+
+a latent variance in ``[0, k(x*, x*)]`` (``‖a_B‖ <= ‖a‖`` since B ≽ I); both
+terms are clipped for rounding. With Z = X both equal the exact GP's.
+Several targets (y of shape (n, t)) share the kernel: F is the sum over columns,
+as scikit-learn sums its log marginal likelihood.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.linalg as sla
+
+from ..backends.numpy_backend import TILE_BYTES, single_threaded_blas
+from ..errors import NotPositiveDefiniteError
+from ..io import as_rows
+from ..kernels import Kernel, check_n_features
+from ..operators import GramOperator, data_rows, pairwise_reduce
+from ._checks import positive_number
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SGPRStatistics:
+    """The M-sized sums of one pass over the data (:func:`sgpr_statistics`).
+
+    Attributes
+    ----------
+    kernel : Kernel
+    centers : ndarray of shape (M, d)
+        The inducing points Z.
+    L : ndarray of shape (M, M)
+        Lower Cholesky factor of ``k(Z, Z) + jitter·I``.
+    P : ndarray of shape (M, M)
+        ``L⁻¹ K_un K_nu L⁻ᵀ``.
+    b : ndarray of shape (M, t)
+        ``L⁻¹ K_un y``.
+    yty : ndarray of shape (t,)
+        ``yᵀy`` per target column.
+    trace : float
+        ``Σᵢ k(xᵢ, xᵢ)``.
+    n : int
+        Training rows.
+    jitter : float
+        The relative jitter: ``jitter · mean(k(z, z))`` was added to K_uu's diagonal.
+    """
+
+    kernel: Kernel
+    centers: np.ndarray
+    L: np.ndarray
+    P: np.ndarray
+    b: np.ndarray
+    yty: np.ndarray
+    trace: float
+    n: int
+    jitter: float
+
+
+def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
+                    jitter: float = 1e-6) -> SGPRStatistics:
+    """One pass over X's row chunks: the sums the SGPR bound and predictive need.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X : array-like of shape (n, d)
+        numpy, dask, Zarr or ``(url, path)``; read once.
+    y : array-like of shape (n,) or (n, t)
+        Targets, chunked like X's rows (rechunked otherwise).
+    centers : ndarray of shape (M, d)
+        The inducing points Z, e.g. from :func:`dkern.solvers.select_centers`.
+    jitter : float, default=1e-6
+        Added to K_uu's diagonal, relative to the mean of ``k(z, z)``, so its
+        Cholesky factor exists when centres nearly coincide.
+
+    Returns
+    -------
+    SGPRStatistics
+    """
+    Xd, Yd, Z = _inputs(kernel, X, y, centers)
+    jitter = positive_number(jitter, "jitter", ", e.g. 1e-6 (relative to k(z, z))")
+    L = _kuu_factor(kernel, Z, jitter)
+    M, t = len(Z), Yd.shape[1]
+    Zd = da.from_array(Z, chunks=Z.shape)
+    Ld = da.from_array(L, chunks=L.shape)
+    sums = pairwise_reduce(statistics_block, Xd, Zd, [(Yd, "rows"), (Ld, "cols")], over="rows",
+                           width=M + t, name="dkern-sgpr-statistics", kernel=kernel)
+    trace = GramOperator(kernel, Xd, None, "numpy").diag().sum(dtype=np.float64)
+    sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
+    logger.info("SGPR statistics: %d rows, %d centres, %d target column(s)", Xd.shape[0], M, t)
+    return SGPRStatistics(kernel, Z, L, sums[:, :M], sums[:, M:], np.asarray(yty), float(trace),
+                          int(Xd.shape[0]), jitter)
+
+
+def statistics_block(x: np.ndarray, z: np.ndarray, y: np.ndarray, L: np.ndarray, *,
+                     kernel: Kernel) -> np.ndarray:
+    """One row chunk: ``[A Aᵀ, A y]`` with ``A = L⁻¹ k(z, x)``, tile by tile; shape (M, M + t)."""
+    M = len(z)
+    out = np.zeros((M, M + y.shape[1]))
+    rows = max(1, TILE_BYTES // (8 * M))
+    with single_threaded_blas():
+        for i0 in range(0, len(x), rows):
+            A = sla.solve_triangular(L, kernel(x[i0:i0 + rows], z).T, lower=True)  # (M, tile)
+            out[:, :M] += A @ A.T
+            out[:, M:] += A @ y[i0:i0 + rows]
+    return out
+
+
+def sgpr_bound(stats: SGPRStatistics, sigma2: float) -> float:
+    """Titsias' collapsed bound ``F <= log p(y)`` (summed over target columns), from the sums.
+
+    Parameters
+    ----------
+    stats : SGPRStatistics
+    sigma2 : float
+        Noise variance s > 0 (scikit-learn's ``alpha``).
+
+    Returns
+    -------
+    float
+    """
+    s = positive_number(sigma2, "sigma2", " (the noise variance)")
+    LB, c = _noise_factor(stats, s)
+    n, t = stats.n, stats.b.shape[1]
+    return float(-0.5 * n * t * np.log(2 * np.pi * s) - t * np.log(np.diag(LB)).sum()
+                 - 0.5 * stats.yty.sum() / s + 0.5 * (c * c).sum()
+                 - 0.5 * t * (stats.trace - np.trace(stats.P)) / s)
+
+
+def sgpr_predict(stats: SGPRStatistics, sigma2: float,
+                 X_test: Any) -> tuple[da.Array, da.Array]:
+    """The SGPR (Titsias) predictive mean and latent variance, lazily per test chunk.
+
+    Parameters
+    ----------
+    stats : SGPRStatistics
+    sigma2 : float
+        Noise variance s > 0.
+    X_test : array-like of shape (n*, d)
+        numpy, dask, Zarr or ``(url, path)``.
+
+    Returns
+    -------
+    mean : dask.array.Array of shape (n*,) or (n*, t), float64
+        Shaped like the targets' columns.
+    variance : dask.array.Array of shape (n*,), float64
+        Latent (σ² not included), in ``[0, k(x*, x*)]``.
+    """
+    s = positive_number(sigma2, "sigma2", " (the noise variance)")
+    LB, c = _noise_factor(stats, s)
+    Xt = data_rows(X_test, name="X_test")
+    Z = stats.centers
+    if Xt.shape[1] != Z.shape[1]:
+        raise ValueError(f"X_test must have {Z.shape[1]} features like the training data; got "
+                         f"shape {Xt.shape}.")
+    factors = da.from_array(np.hstack([stats.L, LB, c]), chunks=(len(Z), -1))
+    out = pairwise_reduce(predict_block, Xt.astype(np.float64), da.from_array(Z, chunks=Z.shape),
+                          [(factors, "cols")], over="cols", width=c.shape[1] + 1,
+                          name="dkern-sgpr-predict", kernel=stats.kernel)
+    t = c.shape[1]
+    return out[:, 0] if t == 1 else out[:, :t], out[:, t]
+
+
+def predict_block(x: np.ndarray, z: np.ndarray, factors: np.ndarray, *,
+                  kernel: Kernel) -> np.ndarray:
+    """One test chunk: ``[mean, variance]`` from ``factors = [L, L_B, c]``; shape (n_i, t + 1)."""
+    M = len(z)
+    L, LB, c = factors[:, :M], factors[:, M:2 * M], factors[:, 2 * M:]
+    out = np.empty((len(x), c.shape[1] + 1))
+    rows = max(1, TILE_BYTES // (8 * M))
+    with single_threaded_blas():
+        for i0 in range(0, len(x), rows):
+            xt = x[i0:i0 + rows]
+            a = sla.solve_triangular(L, kernel(xt, z).T, lower=True)  # shape: (M, tile)
+            aB = sla.solve_triangular(LB, a, lower=True)
+            prior = kernel.diag(xt)
+            nystrom_gap = np.maximum(prior - np.einsum("ij,ij->j", a, a), 0.0)
+            out[i0:i0 + rows, :-1] = aB.T @ c
+            out[i0:i0 + rows, -1] = np.minimum(nystrom_gap + np.einsum("ij,ij->j", aB, aB), prior)
+    return out
+
+
+def _noise_factor(stats: SGPRStatistics, s: float) -> tuple[np.ndarray, np.ndarray]:
+    """``L_B = chol(I + P/s)`` and ``c = L_B⁻¹ b / s``."""
+    LB = np.linalg.cholesky(np.eye(len(stats.P)) + stats.P / s)
+    return LB, sla.solve_triangular(LB, stats.b, lower=True) / s
+
+
+def _kuu_factor(kernel: Kernel, Z: np.ndarray, jitter: float) -> np.ndarray:
+    """Lower Cholesky factor of ``k(Z, Z) + jitter · mean(k(z, z)) · I``."""
+    Kuu = kernel(Z, Z).astype(np.float64)
+    Kuu[np.diag_indices_from(Kuu)] += jitter * float(np.mean(kernel.diag(Z)))
+    try:
+        return np.linalg.cholesky(Kuu)
+    except np.linalg.LinAlgError:
+        raise NotPositiveDefiniteError(
+            f"k(Z, Z) + jitter·I is not positive definite with jitter={jitter:g} (relative to "
+            "k(z, z)): the kernel is not PSD or centres nearly coincide. Raise jitter, or drop "
+            "duplicate centres.") from None
+
+
+def _inputs(kernel: Kernel, X: Any, y: Any, centers: Any) -> tuple[da.Array, da.Array, np.ndarray]:
+    """X (float64 row chunks), y as (n, t) chunked like X, and the centres as float64 numpy."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0); "
+                        f"got {type(kernel).__name__}.")
+    Xd = data_rows(X, dtype=np.float64)
+    check_n_features(kernel, Xd.shape[1])
+    Yd = as_rows(y, name="y", ndim=(1, 2), dtype=np.float64)
+    if Yd.shape[0] != Xd.shape[0]:
+        raise ValueError(f"y must have {Xd.shape[0]} rows, one per row of X; got shape "
+                         f"{Yd.shape}.")
+    Yd = Yd.reshape(Yd.shape[0], -1).rechunk((Xd.chunks[0], -1))
+    Z = np.asarray(centers, dtype=np.float64)
+    if Z.ndim != 2 or Z.shape[1] != Xd.shape[1] or len(Z) == 0 or not np.all(np.isfinite(Z)):
+        raise ValueError(f"centers must be a finite array of shape (M, {Xd.shape[1]}) with "
+                         f"M >= 1, to match X of shape {Xd.shape}; got shape {Z.shape}.")
+    return Xd, Yd, Z
+
+
+def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
+                        gradient: Callable[..., np.ndarray] | None = None,
+                        diag_gradient: Callable[..., np.ndarray] | None = None,
+                        ) -> tuple[float, np.ndarray]:
+    """The bound and its gradient in ``(θ, log σ²)``: one more pass over the data.
+
+    ``∂F/∂θ = Σ_chunks Σ (∂F/∂K_nu) ∘ ∂K_nu/∂θ + (∂F/∂K_uu) : ∂K_uu/∂θ
+    − t/(2s) Σᵢ ∂k(xᵢ, xᵢ)/∂θ``, with (Φ = K_un K_nu, α = Σ⁻¹ K_un y, Σ = K_uu + Φ/s)
+
+    .. math:: \\frac{\\partial F}{\\partial K_{nu}} = 2 K_{nu}\\Big(\\frac{t}{2s}(K_{uu}^{-1}
+              - \\Sigma^{-1}) - \\frac{\\alpha\\alpha^\\top}{2s^3}\\Big)
+              + \\frac{y\\,\\alpha^\\top}{s^2}
+
+    The row chunks' contractions with ``gradient(x, Z)`` run on the cluster, tile
+    by tile, and are summed there: nothing n × M reaches the client.
+
+    Parameters
+    ----------
+    stats : SGPRStatistics
+        From ``sgpr_statistics(kernel, X, y, centers)`` (the first pass).
+    X, y : array-like of shape (n, d) and (n,) or (n, t)
+        The same data the statistics were computed from. In an optimiser loop pass X
+        as a persisted dask array: numpy input is sent to the cluster on every call.
+    sigma2 : float
+        Noise variance s > 0.
+    gradient : callable, optional
+        ``gradient(A, B) -> (len(A), len(B), p)``: ∂k/∂θ of ``stats.kernel`` in log space
+        (``kernel.gradient`` by default); picklable (a module-level function or a
+        kernel's method).
+    diag_gradient : callable, optional
+        ``diag_gradient(A) -> (len(A), p)`` (``kernel.diag_gradient`` by default).
+
+    Returns
+    -------
+    value : float
+        The bound F, as :func:`sgpr_bound`.
+    grad : ndarray of shape (p + 1,)
+        ``∂F/∂θ`` (p kernel log-hyperparameters) then ``∂F/∂ log σ²``.
+    """
+    gradient, diag_gradient = _gradient_callables(stats.kernel, gradient, diag_gradient)
+    s = positive_number(sigma2, "sigma2", " (the noise variance)")
+    Xd, Yd, Z = _inputs(stats.kernel, X, y, stats.centers)
+    d = _derivatives(stats, s)
+    p = np.shape(diag_gradient(Z[:1]))[1]
+    weights = da.from_array(np.hstack([d["knu"], d["ky"]]), chunks=(len(Z), -1))
+    per_centre = pairwise_reduce(gradient_block, Xd, da.from_array(Z, chunks=Z.shape),
+                                 [(Yd, "rows"), (weights, "cols")], over="rows", width=p,
+                                 name="dkern-sgpr-gradient", kernel=stats.kernel,
+                                 gradient=gradient, p=p, tile=_tile_rows(len(Z), p))
+    diag = da.map_blocks(_diag_gradient_block, Xd, chunks=(Xd.chunks[0], (p,)),
+                         dtype=np.float64, meta=np.empty((0, 0)), diag_gradient=diag_gradient)
+    per_centre, diag = dask.compute(per_centre, diag.sum(axis=0))
+    grad = per_centre.sum(axis=0) - d["t"] / (2 * s) * diag + _kuu_term(stats, d["kuu"],
+                                                                         gradient, diag_gradient)
+    return sgpr_bound(stats, s), np.append(grad, d["log_s"])
+
+
+def gradient_block(x: np.ndarray, z: np.ndarray, y: np.ndarray, weights: np.ndarray, *,
+                   kernel: Kernel, gradient: Callable[..., np.ndarray], p: int,
+                   tile: int) -> np.ndarray:
+    """One row chunk: ``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre m, ``tile`` rows at a time,
+    with ``G = k(x, z) W₁ + y W₂ᵀ`` for ``weights = [W₁, W₂]``; shape (M, p)."""
+    M = len(z)
+    out = np.zeros((M, p))
+    with single_threaded_blas():
+        for i0 in range(0, len(x), tile):
+            x_t, y_t = x[i0:i0 + tile], y[i0:i0 + tile]
+            G = kernel(x_t, z) @ weights[:, :M] + y_t @ weights[:, M:].T  # shape: (tile, M)
+            out += np.einsum("nm,nmp->mp", G, gradient(x_t, z))
+    return out
+
+
+def _tile_rows(M: int, p: int) -> int:
+    """Rows whose derivative block (rows × M × p values) takes about TILE_BYTES."""
+    return max(1, TILE_BYTES // (8 * M * max(p, 1)))
+
+
+def _diag_gradient_block(x: np.ndarray, *, diag_gradient: Callable[..., np.ndarray]) -> np.ndarray:
+    return np.asarray(diag_gradient(x), dtype=np.float64)
+
+
+def _derivatives(stats: SGPRStatistics, s: float) -> dict[str, Any]:
+    """∂F/∂K_nu's two factors, ∂F/∂K_uu and ∂F/∂log s, from the M-sized sums (module docstring)."""
+    M, t = len(stats.P), stats.b.shape[1]
+    LB, _ = _noise_factor(stats, s)
+    Binv = sla.cho_solve((LB, True), np.eye(M))
+    Linv = sla.solve_triangular(stats.L, np.eye(M), lower=True)
+    Bb = Binv @ stats.b  # B⁻¹ b (whitened); α = L⁻ᵀ B⁻¹ b
+    alpha = Linv.T @ Bb
+    outer = alpha @ alpha.T
+    inner = Linv.T @ ((np.eye(M) - Binv) @ Linv)  # K_uu⁻¹ − Σ⁻¹
+    g_phi = t / (2 * s) * inner - outer / (2 * s ** 3)
+    kuu = Linv.T @ ((0.5 * t * (np.eye(M) - Binv) - t / (2 * s) * stats.P) @ Linv) \
+        - outer / (2 * s * s)
+    dF_ds = (t / (2 * s * s) * np.trace(Binv @ stats.P) - stats.n * t / (2 * s)
+             + stats.yty.sum() / (2 * s * s) - (stats.b * Bb).sum() / s ** 3
+             + (Bb * (stats.P @ Bb)).sum() / (2 * s ** 4)
+             + t * (stats.trace - np.trace(stats.P)) / (2 * s * s))
+    return {"knu": 2 * g_phi, "ky": alpha / (s * s), "kuu": kuu, "log_s": s * dF_ds, "t": t}
+
+
+def _kuu_term(stats: SGPRStatistics, dF_dkuu: np.ndarray, gradient: Any,
+              diag_gradient: Any) -> np.ndarray:
+    """``(∂F/∂K_uu) : ∂K_uu/∂θ`` on the client, Z's rows in tiles, with the jitter's share."""
+    Z = stats.centers
+    p = np.shape(diag_gradient(Z[:1]))[1]
+    rows = _tile_rows(len(Z), p)
+    total = np.zeros(p)
+    for i0 in range(0, len(Z), rows):
+        total += np.einsum("nm,nmp->p", dF_dkuu[i0:i0 + rows], gradient(Z[i0:i0 + rows], Z))
+    jitter_share = stats.jitter * np.asarray(diag_gradient(Z)).mean(axis=0)
+    return total + np.trace(dF_dkuu) * jitter_share
+
+
+def _gradient_callables(kernel: Kernel, gradient: Any, diag_gradient: Any) -> tuple[Any, Any]:
+    gradient = gradient if gradient is not None else getattr(kernel, "gradient", None)
+    diag_gradient = diag_gradient if diag_gradient is not None else getattr(
+        kernel, "diag_gradient", None)
+    if not (callable(gradient) and callable(diag_gradient)):
+        raise TypeError(f"sgpr_bound_gradient needs ∂k/∂θ: {kernel!r} has no gradient(X, Z) and "
+                        "diag_gradient(X) methods; pass gradient= and diag_gradient= callables.")
+    return gradient, diag_gradient
