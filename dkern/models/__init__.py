@@ -7,7 +7,8 @@ atomically published Zarr group (arrays plus JSON attributes, never pickle).
 
 from __future__ import annotations
 
+from .gp_classifier import GaussianProcessClassifier
 from .kernel_ridge import KernelRidge
 from .persist import load, save
 
-__all__ = ["KernelRidge", "load", "save"]
+__all__ = ["GaussianProcessClassifier", "KernelRidge", "load", "save"]
