@@ -10,7 +10,7 @@ form with ``B = I + W^{1/2} K W^{1/2}``. Targets ``t`` are 0/1; ``π = σ(f)``;
 
 from __future__ import annotations
 
-import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,9 @@ import numpy as np
 import scipy.linalg as sla
 from scipy.special import erf, expit
 
+from ..errors import ConvergenceWarning
 from ..operators import GramOperator, Operator
 from ..solvers import cg
-
-logger = logging.getLogger(__name__)
 
 #: Newton stops when the objective ``Ψ(f) = log p(t|f) − ½ fᵀK⁻¹f`` (Alg. 3.1 line 10 without
 #: the log-determinant) rises by less than this; scikit-learn stops at the same 1e-10.
@@ -77,8 +76,9 @@ def _newton_done(psi_new: float, psi: float, step: int, max_iter: int) -> bool:
     if psi_new - psi < NEWTON_TOL:
         return True
     if step == max_iter:
-        logger.warning("Laplace: Newton stopped at max_iter_predict=%d with Ψ still rising by "
-                       "%.2e; raise max_iter_predict", max_iter, psi_new - psi)
+        warnings.warn(f"Laplace: Newton stopped at max_iter_predict={max_iter} with the objective "
+                      f"still rising by {psi_new - psi:.2e}; raise max_iter_predict.",
+                      ConvergenceWarning, stacklevel=4)
     return False
 
 
@@ -135,12 +135,14 @@ def solve_cg(K: GramOperator, t: da.Array, max_iter: int, tol: float,
 
     ``t`` (n,) is chunked like K's rows; the n-vectors stay on the cluster (persisted).
     """
-    f, psi = da.zeros_like(t), -np.inf
+    f, psi, z = da.zeros_like(t), -np.inf, None
     for step in range(1, max_iter + 1):
         pi = 1 / (1 + da.exp(-f))
         s = da.sqrt(pi * (1 - pi))
         b = s * s * f + (t - pi)  # line 6
-        z = cg(ScaledGram(K, s), s * (K @ b), tol=tol, max_iter=cg_max_iter).x  # line 7
+        # Line 7, started from the last step's solution: near the mode the systems barely
+        # change, and the last Newton steps take a few CG iterations instead of a full solve.
+        z = cg(ScaledGram(K, s), s * (K @ b), x0=z, tol=tol, max_iter=cg_max_iter).x
         (a,) = dask.persist(b - s * z.rechunk(b.chunks))
         (f,) = dask.persist(K @ a)  # line 8
         psi_new = float(dask.compute(-0.5 * (a * f).sum() + log_likelihood(t, f))[0])

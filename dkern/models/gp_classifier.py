@@ -187,6 +187,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         -------
         ndarray of shape (m,), values from ``classes_``
         """
+        check_is_fitted(self, "pi_")
         if self.n_classes_ > 2:
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         (mean, _), = self._latent(X)
