@@ -139,7 +139,7 @@ def solve_cg(K: GramOperator, t: da.Array, max_iter: int, tol: float,
     for step in range(1, max_iter + 1):
         pi = 1 / (1 + da.exp(-f))
         s = da.sqrt(pi * (1 - pi))
-        b = s * s * f + (t - pi)  # line 6
+        s, b = dask.persist(s, s * s * f + (t - pi))  # line 6; s is read by every CG matvec
         # Line 7, started from the last step's solution: near the mode the systems barely
         # change, and the last Newton steps take a few CG iterations instead of a full solve.
         z = cg(ScaledGram(K, s), s * (K @ b), x0=z, tol=tol, max_iter=cg_max_iter).x

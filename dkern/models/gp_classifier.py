@@ -27,6 +27,9 @@ PROBABILITIES = ("sklearn", "probit")
 #: Test points per batch in predictions: the exact solver holds an (n, PREDICT_BATCH) block
 #: of k(X, X*) (n ≤ EXACT_MAX_N: at most 94 MB), CG solves with that many right-hand sides.
 PREDICT_BATCH = 1000
+#: ``"cg"`` predictions: at most this many values in the right-hand sides ``k(X, x*)`` of one
+#: batch (128 MiB of float64 on the cluster), so test batches shrink as n grows.
+CG_BATCH_VALUES = 2 ** 24
 
 
 class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
@@ -164,7 +167,8 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
-            Processed in batches of ``PREDICT_BATCH`` rows.
+            Processed in batches of ``PREDICT_BATCH`` rows (``"cg"``: at most
+            ``CG_BATCH_VALUES / n``, each batch one block CG solve per binary problem).
 
         Returns
         -------
@@ -286,24 +290,32 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "pi_")
         Xv = check_X(self, X, reset=False)
         Xv = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
-        parts = [self._latent_batch(Xv[i:i + PREDICT_BATCH])
-                 for i in range(0, Xv.shape[0], PREDICT_BATCH)]
+        if self.solver_ == "exact":
+            batch, latent = PREDICT_BATCH, self._latent_exact
+        else:
+            K = gram(self.kernel_, self.X_fit_, backend=self.backend, dtype=np.float64)
+            problems = [(self._lazy(t, K), self._lazy(pi, K))
+                        for t, pi in zip(self._targets(), self._pis(), strict=True)]
+            batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // K.shape[0]))
+
+            def latent(Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+                return self._latent_cg(Xb, K, problems)
+        parts = [latent(_in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
         return [(np.concatenate([p[j][0] for p in parts]), np.concatenate([p[j][1] for p in parts]))
                 for j in range(len(parts[0]))]
 
-    def _latent_batch(self, Xb: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-        Xb = Xb.compute() if isinstance(Xb, da.Array) else Xb
+    def _latent_exact(self, Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         k_diag = np.asarray(self.kernel_.diag(Xb), dtype=np.float64)
-        pis, targets = self._pis(), self._targets()
-        if self.solver_ == "exact":
-            K_star = np.asarray(self.kernel_(self.X_fit_, Xb), dtype=np.float64)
-            return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
-                    for t, pi, L in zip(targets, pis, self._factors(), strict=True)]
-        K = gram(self.kernel_, self.X_fit_, backend=self.backend, dtype=np.float64)
+        K_star = np.asarray(self.kernel_(self.X_fit_, Xb), dtype=np.float64)  # shape: (n, b)
+        return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
+                for t, pi, L in zip(self._targets(), self._pis(), self._factors(), strict=True)]
+
+    def _latent_cg(self, Xb: np.ndarray, K: Any, problems: list[tuple[da.Array, da.Array]]
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+        k_diag = np.asarray(self.kernel_.diag(Xb), dtype=np.float64)
         K_star = gram(self.kernel_, self.X_fit_, Xb, backend=self.backend, dtype=np.float64)
-        return [_laplace.cg_latent(K, K_star, k_diag, self._lazy(t, K), self._lazy(pi, K),
-                                   self.tol, self.max_iter)
-                for t, pi in zip(targets, pis, strict=True)]
+        return [_laplace.cg_latent(K, K_star, k_diag, t, pi, self.tol, self.max_iter)
+                for t, pi in problems]
 
     def _factors(self) -> list[np.ndarray]:
         """Cholesky factors of B at the mode, rebuilt from ``pi_`` when absent (a loaded model)."""
@@ -311,6 +323,10 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             K = np.asarray(self.kernel_(self.X_fit_, self.X_fit_), dtype=np.float64)
             self._chols = [_laplace.dense_factor(K, pi)[1] for pi in self._pis()]
         return self._chols
+
+
+def _in_memory(Xb: Any) -> np.ndarray:
+    return Xb.compute() if isinstance(Xb, da.Array) else Xb
 
 
 def _labels(y: Any, n_rows: int) -> np.ndarray:
