@@ -192,7 +192,8 @@ def test_shapes_refused():
     ("solver", "lanczos", r"solver must be one of \['auto', 'exact', 'cg'\]"),
     ("probabilities", "logit", r"probabilities must be one of \['sklearn', 'probit'\]"),
     ("multi_class", "one_vs_one", r"multi_class must be one of \['one_vs_rest', 'binary'\]"),
-    ("max_iter_predict", 0, "max_iter_predict must be None or an integer >= 1"),
+    ("max_iter_predict", 0, r"max_iter_predict must be an integer >= 1 \(Newton steps\)"),
+    ("max_iter_predict", None, "max_iter_predict must be an integer >= 1"),
     ("tol", -1.0, "tol must be a finite number > 0"),
 ])
 def test_bad_parameters_named(param, value, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from numbers import Integral
 from typing import Any
 
 import dask.array as da
@@ -238,8 +239,10 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         check_choice(self.probabilities, "probabilities", PROBABILITIES)
         check_tol(self.tol)
         check_optional_int(self.max_iter, "max_iter", 1)
-        if check_optional_int(self.max_iter_predict, "max_iter_predict", 1) is None:
-            raise ValueError("max_iter_predict must be an integer >= 1; got None.")
+        steps = self.max_iter_predict
+        if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
+            raise ValueError(f"max_iter_predict must be an integer >= 1 (Newton steps), e.g. 100; "
+                             f"got {steps!r}.")
         if self.kernel is None:
             return Gaussian(1.0)
         if not isinstance(self.kernel, Kernel):
