@@ -25,7 +25,8 @@ from ..operators import GramOperator, Operator
 from ..solvers import cg
 
 #: Newton stops when the objective ``Ψ(f) = log p(t|f) − ½ fᵀK⁻¹f`` (Alg. 3.1 line 10 without
-#: the log-determinant) rises by less than this; scikit-learn stops at the same 1e-10.
+#: the log-determinant, which CG does not compute) rises by less than this; scikit-learn
+#: applies the same threshold to its Laplace evidence.
 NEWTON_TOL = 1e-10
 
 # σ(x) ≈ Σᵢ cᵢ (1 + erf(λᵢ x)) / 2 (Williams & Barber 1998, appendix A): the λᵢ are theirs;
@@ -140,8 +141,8 @@ def solve_cg(K: GramOperator, t: da.Array, max_iter: int, tol: float,
         pi = 1 / (1 + da.exp(-f))
         s = da.sqrt(pi * (1 - pi))
         s, b = dask.persist(s, s * s * f + (t - pi))  # line 6; s is read by every CG matvec
-        # Line 7, started from the last step's solution: near the mode the systems barely
-        # change, and the last Newton steps take a few CG iterations instead of a full solve.
+        # Line 7, started from the last step's solution: the systems change less and less as
+        # the mode nears, so the later steps need fewer CG iterations.
         z = cg(ScaledGram(K, s), s * (K @ b), x0=z, tol=tol, max_iter=cg_max_iter).x
         (a,) = dask.persist(b - s * z.rechunk(b.chunks))
         (f,) = dask.persist(K @ a)  # line 8
