@@ -2,7 +2,8 @@
 
 ``KernelRidge`` fits with dense Cholesky, preconditioned CG on the lazy Gram
 operator, or Nyström/Falkon; ``GaussianProcessRegressor`` adds posterior variances,
-the marginal likelihood and hyperparameter learning; ``save`` and ``load`` store a
+the marginal likelihood and hyperparameter learning; ``GaussianProcessClassifier``
+is binary (and one-vs-rest) Laplace GP classification; ``save`` and ``load`` store a
 fitted model as one atomically published Zarr group (arrays plus JSON attributes,
 never pickle).
 """
@@ -10,7 +11,8 @@ never pickle).
 from __future__ import annotations
 
 from .gaussian_process import GaussianProcessRegressor
+from .gp_classifier import GaussianProcessClassifier
 from .kernel_ridge import KernelRidge
 from .persist import load, save
 
-__all__ = ["GaussianProcessRegressor", "KernelRidge", "load", "save"]
+__all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor", "KernelRidge", "load", "save"]

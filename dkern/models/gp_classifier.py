@@ -1,0 +1,352 @@
+"""Gaussian process classification by the Laplace approximation, as a scikit-learn estimator."""
+
+from __future__ import annotations
+
+import logging
+from numbers import Integral
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils import assert_all_finite, column_or_1d
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+from ..io import as_rows, is_lazy
+from ..kernels import Gaussian, Kernel
+from ..operators import gram
+from ..solvers import EXACT_MAX_N
+from . import _laplace
+from ._validation import check_choice, check_optional_int, check_tol, check_X
+
+logger = logging.getLogger(__name__)
+
+SOLVERS = ("auto", "exact", "cg")
+MULTI_CLASS = ("one_vs_rest", "binary")
+PROBABILITIES = ("sklearn", "probit")
+#: Test points per batch in predictions: the exact solver holds an (n, PREDICT_BATCH) block
+#: of k(X, X*) (n ≤ EXACT_MAX_N: at most 94 MB), CG solves with that many right-hand sides.
+PREDICT_BATCH = 1000
+#: ``"cg"`` predictions: at most this many values in the right-hand sides ``k(X, x*)`` of one
+#: batch (128 MiB of float64 on the cluster), so test batches shrink as n grows.
+CG_BATCH_VALUES = 2 ** 24
+
+
+class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
+    """Gaussian process classification by the Laplace approximation (logistic link).
+
+    For 0/1 targets ``t``, ``π = σ(f)`` and ``W = diag(π(1 − π))``, Newton's method finds the
+    posterior mode f̂ (Rasmussen & Williams 2006, Alg. 3.1, in its stable form with
+    ``B = I + W^{1/2} K W^{1/2}``):
+
+    .. math:: f \\leftarrow K (I + W K)^{-1} (W f + t - \\pi(f)),
+
+    and a test point gets the latent mean ``k*ᵀ(t − π̂)`` and variance
+    ``k** − k*ᵀ(W⁻¹ + K)⁻¹k*`` (Alg. 3.2), turned into a probability (see ``probabilities``).
+    More than two classes are fitted one-vs-rest, each class against the others, with
+    probabilities normalised to sum to one, as scikit-learn's
+    :class:`~sklearn.gaussian_process.GaussianProcessClassifier` does; with the same fixed
+    kernel and ``optimizer=None`` the two agree (``Gaussian(l)`` is ``RBF(l)``,
+    ``c * Gaussian(l)`` is ``ConstantKernel(c) * RBF(l)``).
+
+    Parameters
+    ----------
+    kernel : dkern kernel, optional
+        Default ``Gaussian(1.0)`` (scikit-learn's default ``1.0 * RBF(1.0)``).
+    optimizer : None
+        The kernel is used as given. Hyperparameter learning needs kernel hyperparameters
+        (``kernel.theta``) that dkern's kernels do not have yet; any other value is refused.
+    max_iter_predict : int, default=100
+        Newton steps at most; they stop when ``Ψ(f) = log p(t|f) − ½ fᵀK⁻¹f`` rises by less
+        than ``1e-10`` (scikit-learn's test).
+    multi_class : {"one_vs_rest", "binary"}, default="one_vs_rest"
+        ``"binary"`` refuses labels with more than two classes.
+    probabilities : {"sklearn", "probit"}, default="sklearn"
+        How ``E[σ(f*)]`` over the Gaussian latent is approximated: ``"sklearn"``, σ as a sum
+        of five error functions (Williams & Barber 1998), scikit-learn's; ``"probit"``,
+        ``σ(μ / √(1 + π v / 8))`` (MacKay 1992). They differ by up to about 1e-2.
+    solver : {"auto", "exact", "cg"}, default="auto"
+        ``"exact"``: dense K and Cholesky factors of B (n <= ``dkern.solvers.EXACT_MAX_N``).
+        ``"cg"``: B is a lazy operator over ``gram(kernel, X)`` and every B system (one per
+        Newton step, one per batch of test points with the columns ``W^{1/2} k(X, x*)`` as
+        right-hand sides) is solved by block CG to ``tol``; no n × n matrix. ``"auto"``:
+        exact up to ``EXACT_MAX_N`` rows, CG above.
+    tol : float, default=1e-8
+        Relative residual of the CG solves (unused by ``"exact"``).
+    max_iter : int, optional
+        Iteration cap of each CG solve; default that of :func:`dkern.solvers.cg`.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How kernel blocks are computed by ``"cg"``.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+    n_classes_ : int
+    kernel_ : Kernel
+    solver_ : str
+        ``"exact"`` or ``"cg"``.
+    X_fit_ : ndarray or dask.array.Array of shape (n, d)
+        The training rows (dask or Zarr input stays lazy for ``"cg"``).
+    y_train_ : ndarray of int, shape (n,)
+        The labels as indices into ``classes_``.
+    pi_ : ndarray or dask.array.Array of shape (n,) or (n, n_classes)
+        ``σ(f̂)`` at the mode: of the binary problem, or one column per class (one-vs-rest).
+        A persisted dask array for ``"cg"``.
+    log_marginal_likelihood_value_ : float or None
+        The Laplace approximation ``log q(t | X) = Ψ(f̂) − ½ log det B`` (the mean over the
+        classes for one-vs-rest, as scikit-learn). None for ``"cg"``: ``log det B`` is not
+        computed without a dense factor.
+    n_iter_ : ndarray of int, shape (n_problems,)
+        Newton steps of each binary problem.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when X was a DataFrame with string column names.
+    """
+
+    _chols: list[np.ndarray] | None  # Cholesky factors of B at each mode (exact solver)
+
+    def __init__(self, kernel: Kernel | None = None, *, optimizer: None = None,
+                 max_iter_predict: int = 100, multi_class: str = "one_vs_rest",
+                 probabilities: str = "sklearn", solver: str = "auto", tol: float = 1e-8,
+                 max_iter: int | None = None, backend: str = "auto") -> None:
+        self.kernel = kernel
+        self.optimizer = optimizer
+        self.max_iter_predict = max_iter_predict
+        self.multi_class = multi_class
+        self.probabilities = probabilities
+        self.solver = solver
+        self.tol = tol
+        self.max_iter = max_iter
+        self.backend = backend
+
+    def fit(self, X: Any, y: Any) -> GaussianProcessClassifier:
+        """Find the Laplace posterior of each binary problem.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
+        y : array-like or dask array of shape (n,)
+            Class labels (any sortable values); read into memory.
+
+        Returns
+        -------
+        self
+        """
+        kernel = self._check_params()
+        Xv = check_X(self, X, reset=True)
+        labels = _labels(y, Xv.shape[0])
+        self.classes_, codes = np.unique(labels, return_inverse=True)
+        self.n_classes_ = len(self.classes_)
+        self._check_classes()
+        self.solver_ = self._resolve_solver(Xv.shape[0])
+        self.kernel_, self.y_train_ = kernel, codes.astype(np.int64)
+        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        if self.solver_ == "exact":
+            Xn = Xw.compute() if isinstance(Xw, da.Array) else Xw
+            modes = [_laplace.solve_dense(np.asarray(kernel(Xn, Xn)), t, self.max_iter_predict)
+                     for t in self._targets()]
+            self.X_fit_ = Xn
+        else:
+            K = gram(kernel, Xw, backend=self.backend)
+            modes = [_laplace.solve_cg(K, self._lazy(t, K), self.max_iter_predict, self.tol,
+                                       self.max_iter) for t in self._targets()]
+            self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        pis = [m.pi for m in modes]
+        stack = da.stack if self.solver_ == "cg" else np.stack
+        self.pi_ = pis[0] if len(pis) == 1 else stack(pis, axis=1)
+        chols = [m.chol for m in modes if m.chol is not None]  # every mode's, for exact
+        self._chols = chols if self.solver_ == "exact" else None
+        self.n_iter_ = np.array([m.n_iter for m in modes])
+        self.log_marginal_likelihood_value_ = (
+            float(np.mean([_laplace.log_evidence(m.psi, c) for m, c in zip(modes, chols)]))
+            if self.solver_ == "exact" else None)
+        logger.info("GaussianProcessClassifier: solver=%s, Newton steps %s", self.solver_,
+                    self.n_iter_.tolist())
+        return self
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities, columns in the order of ``classes_``.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+            Processed in batches of ``PREDICT_BATCH`` rows (``"cg"``: at most
+            ``CG_BATCH_VALUES / n``, each batch one block CG solve per binary problem).
+
+        Returns
+        -------
+        ndarray of shape (m, n_classes)
+        """
+        proba = _laplace.proba_erf if self.probabilities == "sklearn" else _laplace.proba_probit
+        P = np.column_stack([proba(mean, var) for mean, var in self._latent(X)])
+        if self.n_classes_ == 2:
+            return np.column_stack([1 - P[:, 0], P[:, 0]])
+        return P / P.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The most probable class: for two classes, the sign of the latent mean (R&W §3.4.2).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m,), values from ``classes_``
+        """
+        check_is_fitted(self, "pi_")
+        if self.n_classes_ > 2:
+            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        (mean, _), = self._latent(X)
+        return self.classes_[(mean > 0).astype(int)]
+
+    def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False) -> float:
+        """The Laplace approximation of the log marginal likelihood of the fitted kernel.
+
+        Parameters
+        ----------
+        theta : None
+            Only the fitted kernel's value is available: evaluating other hyperparameters
+            needs kernel hyperparameters (``kernel.theta``), which dkern's kernels lack yet.
+        eval_gradient : bool, default=False
+            Not available yet, for the same reason.
+
+        Returns
+        -------
+        float
+            ``log_marginal_likelihood_value_``.
+        """
+        check_is_fitted(self, "pi_")
+        if theta is not None or eval_gradient:
+            raise NotImplementedError(
+                "log_marginal_likelihood(theta, eval_gradient) needs kernel hyperparameters "
+                "(kernel.theta / with_theta), which dkern kernels do not have yet; call "
+                "log_marginal_likelihood() for the fitted kernel's value.")
+        if self.log_marginal_likelihood_value_ is None:
+            raise NotImplementedError(
+                f"solver={self.solver_!r} does not compute log det(I + W^1/2 K W^1/2), so the "
+                f"Laplace evidence is unavailable; fit with solver='exact' (n <= {EXACT_MAX_N}).")
+        return self.log_marginal_likelihood_value_
+
+    # ------------------------------------------------------------------ internals
+    def _check_params(self) -> Kernel:
+        if self.optimizer is not None:
+            raise ValueError(
+                f"optimizer must be None (the kernel is used as given): hyperparameter learning "
+                f"needs kernel hyperparameters, which dkern kernels do not have yet; got "
+                f"{self.optimizer!r}. Choose the kernel's parameters by cross-validation "
+                "(GridSearchCV over kernel__lengthscale) meanwhile.")
+        check_choice(self.solver, "solver", SOLVERS)
+        check_choice(self.multi_class, "multi_class", MULTI_CLASS)
+        check_choice(self.probabilities, "probabilities", PROBABILITIES)
+        check_tol(self.tol)
+        check_optional_int(self.max_iter, "max_iter", 1)
+        steps = self.max_iter_predict
+        if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
+            raise ValueError(f"max_iter_predict must be an integer >= 1 (Newton steps), e.g. 100; "
+                             f"got {steps!r}.")
+        if self.kernel is None:
+            return Gaussian(1.0)
+        if not isinstance(self.kernel, Kernel):
+            raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
+                            f"or None; got {type(self.kernel).__name__}.")
+        return self.kernel
+
+    def _check_classes(self) -> None:
+        name = type(self).__name__
+        if self.n_classes_ < 2:
+            raise ValueError(f"{name} requires 2 or more distinct classes in y; got 1 class "
+                             f"(only {self.classes_[0]!r} is present). Pass labels of at least "
+                             "two classes.")
+        if self.n_classes_ > 2 and self.multi_class == "binary":
+            raise ValueError(f"multi_class='binary' allows two classes in y; got "
+                             f"{self.n_classes_}: {self.classes_.tolist()}. Use "
+                             "multi_class='one_vs_rest' or pass binary labels.")
+
+    def _resolve_solver(self, n: int) -> str:
+        if self.solver == "auto":
+            solver = "exact" if n <= EXACT_MAX_N else "cg"
+            logger.info("GaussianProcessClassifier: solver='auto' chose %r (n=%d, "
+                        "EXACT_MAX_N=%d)", solver, n, EXACT_MAX_N)
+            return solver
+        if self.solver == "exact" and n > EXACT_MAX_N:
+            raise ValueError(f"solver='exact' holds dense n x n matrices and allows n <= "
+                             f"{EXACT_MAX_N}; got n={n}. Use solver='cg'.")
+        return self.solver
+
+    def _targets(self) -> list[np.ndarray]:
+        """0/1 targets of each binary problem: the second class, or each class vs the rest."""
+        codes = self.y_train_
+        ks = [1] if self.n_classes_ == 2 else range(self.n_classes_)
+        return [(codes == k).astype(np.float64) for k in ks]
+
+    @staticmethod
+    def _lazy(a: Any, K: Any) -> da.Array:
+        """An n-vector as a dask array chunked like K's rows."""
+        return a.rechunk((K.col_chunks,)) if isinstance(a, da.Array) else \
+            da.from_array(a, chunks=(K.col_chunks,))
+
+    def _pis(self) -> list[Any]:
+        return [self.pi_] if self.pi_.ndim == 1 else [self.pi_[:, k]
+                                                      for k in range(self.pi_.shape[1])]
+
+    def _latent(self, X: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Latent (mean, variance), each (m,), of every binary problem at the rows of X."""
+        check_is_fitted(self, "pi_")
+        Xv = check_X(self, X, reset=False)
+        Xv = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        if self.solver_ == "exact":
+            batch, latent = PREDICT_BATCH, self._latent_exact
+        else:
+            K = gram(self.kernel_, self.X_fit_, backend=self.backend, dtype=np.float64)
+            problems = [(self._lazy(t, K), self._lazy(pi, K))
+                        for t, pi in zip(self._targets(), self._pis(), strict=True)]
+            batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // K.shape[0]))
+
+            def latent(Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+                return self._latent_cg(Xb, K, problems)
+        parts = [latent(_in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
+        return [(np.concatenate([p[j][0] for p in parts]), np.concatenate([p[j][1] for p in parts]))
+                for j in range(len(parts[0]))]
+
+    def _latent_exact(self, Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        k_diag = np.asarray(self.kernel_.diag(Xb), dtype=np.float64)
+        K_star = np.asarray(self.kernel_(self.X_fit_, Xb), dtype=np.float64)  # shape: (n, b)
+        return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
+                for t, pi, L in zip(self._targets(), self._pis(), self._factors(), strict=True)]
+
+    def _latent_cg(self, Xb: np.ndarray, K: Any, problems: list[tuple[da.Array, da.Array]]
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+        k_diag = np.asarray(self.kernel_.diag(Xb), dtype=np.float64)
+        K_star = gram(self.kernel_, self.X_fit_, Xb, backend=self.backend, dtype=np.float64)
+        return [_laplace.cg_latent(K, K_star, k_diag, t, pi, self.tol, self.max_iter)
+                for t, pi in problems]
+
+    def _factors(self) -> list[np.ndarray]:
+        """Cholesky factors of B at the mode, rebuilt from ``pi_`` when absent (a loaded model)."""
+        chols = getattr(self, "_chols", None)
+        if chols is None:
+            K = np.asarray(self.kernel_(self.X_fit_, self.X_fit_), dtype=np.float64)
+            chols = self._chols = [_laplace.dense_factor(K, pi)[1] for pi in self._pis()]
+        return chols
+
+
+def _in_memory(Xb: Any) -> np.ndarray:
+    return Xb.compute() if isinstance(Xb, da.Array) else Xb
+
+
+def _labels(y: Any, n_rows: int) -> np.ndarray:
+    """Class labels as a 1-D numpy array of length ``n_rows`` (dask/Zarr labels are read)."""
+    if y is None:
+        raise ValueError("GaussianProcessClassifier requires y to be passed, but the target y is "
+                         "None. Pass the class labels, shape (n_samples,).")
+    yv = as_rows(y, name="y", ndim=(1, 2)).compute() if is_lazy(y) else y
+    yv = column_or_1d(yv, warn=True)
+    if yv.dtype.kind in "fc":
+        assert_all_finite(yv, input_name="y")
+    check_classification_targets(yv)
+    if yv.shape[0] != n_rows:
+        raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one label per "
+                         "sample of X.")
+    return yv

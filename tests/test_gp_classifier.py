@@ -1,0 +1,240 @@
+"""GaussianProcessClassifier against scikit-learn's on real data, its solvers, inputs and checks."""
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from scipy import integrate
+from scipy.special import expit
+from sklearn.datasets import load_breast_cancer, load_wine
+from sklearn.gaussian_process import GaussianProcessClassifier as SklearnGPC
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import dkern
+from dkern import GaussianProcessClassifier
+from dkern.errors import ConvergenceWarning
+from dkern.kernels import Gaussian
+from dkern.models import _laplace, gp_classifier
+
+
+def _standardised(loader):
+    """A bundled scikit-learn data set, features standardised, rows in a fixed random order."""
+    X, y = loader(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(X))
+    X = (X - X.mean(0)) / X.std(0)
+    return X[order], y[order]
+
+
+X_BC, Y_BC = _standardised(load_breast_cancer)  # 569 rows, 30 features, 2 classes
+X_TRAIN, Y_TRAIN, X_TEST = X_BC[:300], Y_BC[:300], X_BC[300:]
+X_WINE, Y_WINE = _standardised(load_wine)  # 178 rows, 13 features, 3 classes
+
+# dkern kernel, the same kernel in scikit-learn (fixed: optimizer=None uses it as given)
+KERNELS = {
+    "gaussian": (Gaussian(5.0), RBF(5.0, "fixed")),
+    "scaled": (3.0 * Gaussian(4.0), ConstantKernel(3.0, "fixed") * RBF(4.0, "fixed")),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(KERNELS))
+def binary_pair(request):
+    """dkern's and scikit-learn's classifiers fitted on the same breast cancer rows."""
+    ours, theirs = KERNELS[request.param]
+    return (GaussianProcessClassifier(ours).fit(X_TRAIN, Y_TRAIN),
+            SklearnGPC(theirs, optimizer=None).fit(X_TRAIN, Y_TRAIN))
+
+
+# ------------------------------------------------------------------ oracles on real data
+def test_binary_matches_sklearn_on_breast_cancer(binary_pair):
+    model, ref = binary_pair
+    P = model.predict_proba(X_TEST)
+    assert P.shape == (269, 2) and model.solver_ == "exact"
+    assert np.abs(P - ref.predict_proba(X_TEST)).max() <= 1e-4  # measured 1e-8
+    lml = model.log_marginal_likelihood()
+    assert lml == pytest.approx(ref.log_marginal_likelihood_value_, rel=1e-6)  # measured 1e-16
+    assert model.log_marginal_likelihood_value_ == lml
+    np.testing.assert_array_equal(model.predict(X_TEST), ref.predict(X_TEST))
+    np.testing.assert_array_equal(model.classes_, ref.classes_)
+    assert model.pi_.shape == (300,) and model.n_iter_.shape == (1,)
+
+
+def test_probit_option_is_the_probit_formula_on_sklearns_latents(binary_pair):
+    """probabilities="probit" is σ(μ/√(1 + πv/8)) on the latent mean and variance (scikit-learn's
+    latent_mean_and_variance as the reference), and differs from the erf-sum by < 1e-2."""
+    model, ref = binary_pair
+    mean, var = ref.latent_mean_and_variance(X_TEST)
+    probit = GaussianProcessClassifier(model.kernel, probabilities="probit").fit(X_TRAIN, Y_TRAIN)
+    got = probit.predict_proba(X_TEST)[:, 1]
+    np.testing.assert_allclose(got, expit(mean / np.sqrt(1 + np.pi * var / 8)), atol=1e-6)
+    assert np.abs(got - model.predict_proba(X_TEST)[:, 1]).max() < 1e-2  # measured 7e-3
+
+
+@pytest.mark.parametrize("mean, var", [(0.0, 1.0), (1.5, 0.3), (-2.0, 4.0), (4.0, 10.0)])
+def test_erf_sum_approximates_the_logistic_gaussian_integral(mean, var):
+    """The default probabilities are E[σ(f)], f ~ N(mean, var), to the erf-sum's accuracy:
+    checked by quadrature, not against scikit-learn."""
+    want = integrate.quad(lambda f: expit(f) * np.exp(-(f - mean) ** 2 / (2 * var))
+                          / np.sqrt(2 * np.pi * var), -np.inf, np.inf)[0]
+    assert _laplace.proba_erf(np.array([mean]), np.array([var]))[0] == pytest.approx(want,
+                                                                                     abs=2e-3)
+
+
+def test_one_vs_rest_matches_sklearn_on_wine():
+    X, y, X_new = X_WINE[:120], Y_WINE[:120], X_WINE[120:]
+    model = GaussianProcessClassifier(2.0 * Gaussian(3.0)).fit(X, y)
+    ref = SklearnGPC(ConstantKernel(2.0, "fixed") * RBF(3.0, "fixed"), optimizer=None).fit(X, y)
+    P = model.predict_proba(X_new)
+    assert P.shape == (58, 3) and model.pi_.shape == (120, 3) and model.n_iter_.shape == (3,)
+    assert np.abs(P - ref.predict_proba(X_new)).max() <= 1e-4  # measured 1e-10
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-12)
+    assert model.log_marginal_likelihood() == pytest.approx(ref.log_marginal_likelihood_value_,
+                                                            rel=1e-6)
+    np.testing.assert_array_equal(model.predict(X_new), ref.predict(X_new))
+
+
+@pytest.mark.usefixtures("sync_scheduler")
+def test_cg_gives_the_exact_probabilities(monkeypatch):
+    """Above the dense limit (lowered here to 100 rows) "auto" runs the Newton and variance
+    solves by CG on the lazy B: the same probabilities as the dense path to 1e-6."""
+    X, y = X_TRAIN[:120], Y_TRAIN[:120]
+    exact = GaussianProcessClassifier(3.0 * Gaussian(4.0), solver="exact").fit(X, y)
+    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 100)
+    lazy = GaussianProcessClassifier(3.0 * Gaussian(4.0), tol=1e-8).fit(da.from_array(X, 60), y)
+    assert lazy.solver_ == "cg" and isinstance(lazy.pi_, da.Array)
+    got = lazy.predict_proba(X_TEST[:60])
+    assert np.abs(got - exact.predict_proba(X_TEST[:60])).max() <= 1e-6  # measured 6e-9
+    np.testing.assert_allclose(lazy.pi_.compute(), exact.pi_, atol=1e-6)  # measured 1e-8
+    assert lazy.log_marginal_likelihood_value_ is None
+    with pytest.raises(NotImplementedError, match=r"solver='cg' does not compute log det"):
+        lazy.log_marginal_likelihood()
+
+
+# --------------------------------------------------------------------------- inputs
+@pytest.mark.usefixtures("sync_scheduler")
+def test_dask_and_zarr_inputs_match_numpy(tmp_path):
+    X, y = X_TRAIN[:120], Y_TRAIN[:120]
+    want = GaussianProcessClassifier(Gaussian(5.0)).fit(X, y).predict_proba(X_TEST)
+    url = str(tmp_path / "data.zarr")
+    dkern.io.write_arrays(url, {"X": X, "y": y.astype(np.float64), "Xt": X_TEST}, chunk_rows=50)
+    for Xin, yin, Xt in [(da.from_array(X, 40), da.from_array(y, 40), da.from_array(X_TEST, 100)),
+                         ((url, "X"), (url, "y"), (url, "Xt"))]:
+        model = GaussianProcessClassifier(Gaussian(5.0)).fit(Xin, yin)
+        np.testing.assert_allclose(model.predict_proba(Xt), want, rtol=1e-12, atol=1e-14)
+        assert model.n_features_in_ == 30
+
+
+def test_batches_and_rebuilt_factors_give_the_same_probabilities(monkeypatch):
+    """Test rows are processed in batches, and a model without its Cholesky factors (as a model
+    file stores only pi_, not n x n factors) rebuilds them from pi_: neither changes a value."""
+    model = GaussianProcessClassifier(Gaussian(5.0)).fit(X_TRAIN[:100], Y_TRAIN[:100])
+    want = model.predict_proba(X_TEST)
+    monkeypatch.setattr(gp_classifier, "PREDICT_BATCH", 7)
+    del model._chols
+    # rounding only: BLAS sums by other block sizes, amplified by the erf-sum's weights (~2e3)
+    np.testing.assert_allclose(model.predict_proba(X_TEST), want, rtol=0, atol=1e-10)
+
+
+def test_string_labels():
+    labels = np.array(["benign", "malignant"])[Y_TRAIN[:100]]
+    model = GaussianProcessClassifier(Gaussian(5.0)).fit(X_TRAIN[:100], labels)
+    assert model.classes_.tolist() == ["benign", "malignant"]
+    assert set(model.predict(X_TEST)) <= {"benign", "malignant"}
+
+
+# --------------------------------------------------------------------------- bad input
+X_SMALL, Y_SMALL = X_TRAIN[:40], Y_TRAIN[:40]
+
+
+def test_more_than_two_classes_refused_by_the_binary_option():
+    with pytest.raises(ValueError, match=r"multi_class='binary' allows two classes in y; got 3"):
+        GaussianProcessClassifier(multi_class="binary").fit(X_WINE[:40], Y_WINE[:40])
+
+
+def test_single_class_refused():
+    with pytest.raises(ValueError, match=r"requires 2 or more distinct classes in y; got 1 class"):
+        GaussianProcessClassifier().fit(X_SMALL, np.zeros(40))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_labels_refused(bad):
+    y = Y_SMALL.astype(float)
+    y[3] = bad
+    with pytest.raises(ValueError, match="Input y contains"):
+        GaussianProcessClassifier().fit(X_SMALL, y)
+
+
+def test_nan_in_x_refused():
+    X = X_SMALL.copy()
+    X[2, 1] = np.nan
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        GaussianProcessClassifier().fit(X, Y_SMALL)
+
+
+def test_continuous_y_refused():
+    with pytest.raises(ValueError, match="Unknown label type"):
+        GaussianProcessClassifier().fit(X_SMALL, np.linspace(0, 1, 40))
+
+
+def test_shapes_refused():
+    with pytest.raises(ValueError, match="y has 39 rows but X has 40"):
+        GaussianProcessClassifier().fit(X_SMALL, Y_SMALL[:39])
+    with pytest.raises(ValueError, match="y should be a 1d array"):
+        GaussianProcessClassifier().fit(X_SMALL, np.column_stack([Y_SMALL, Y_SMALL]))
+    model = GaussianProcessClassifier().fit(X_SMALL, Y_SMALL)
+    with pytest.raises(ValueError, match="X has 5 features, but GaussianProcessClassifier is "
+                                         "expecting 30 features"):
+        model.predict_proba(X_SMALL[:, :5])
+
+
+@pytest.mark.parametrize("param, value, message", [
+    ("optimizer", "fmin_l_bfgs_b", "optimizer must be None"),
+    ("solver", "lanczos", r"solver must be one of \['auto', 'exact', 'cg'\]"),
+    ("probabilities", "logit", r"probabilities must be one of \['sklearn', 'probit'\]"),
+    ("multi_class", "one_vs_one", r"multi_class must be one of \['one_vs_rest', 'binary'\]"),
+    ("max_iter_predict", 0, r"max_iter_predict must be an integer >= 1 \(Newton steps\)"),
+    ("max_iter_predict", None, "max_iter_predict must be an integer >= 1"),
+    ("tol", -1.0, "tol must be a finite number > 0"),
+])
+def test_bad_parameters_named(param, value, message):
+    with pytest.raises(ValueError, match=message):
+        GaussianProcessClassifier(**{param: value}).fit(X_SMALL, Y_SMALL)
+
+
+def test_kernel_must_be_a_dkern_kernel():
+    with pytest.raises(TypeError, match="kernel must be a dkern kernel"):
+        GaussianProcessClassifier(RBF(1.0)).fit(X_SMALL, Y_SMALL)
+
+
+def test_exact_above_its_limit_refused(monkeypatch):
+    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 30)
+    with pytest.raises(ValueError, match="solver='exact' .* allows n <= 30; got n=40. Use "
+                                         "solver='cg'"):
+        GaussianProcessClassifier(solver="exact").fit(X_SMALL, Y_SMALL)
+
+
+def test_lml_of_other_hyperparameters_not_available_yet():
+    model = GaussianProcessClassifier().fit(X_SMALL, Y_SMALL)
+    with pytest.raises(NotImplementedError, match="needs kernel hyperparameters"):
+        model.log_marginal_likelihood(np.log([2.0]))
+    with pytest.raises(NotImplementedError, match="needs kernel hyperparameters"):
+        model.log_marginal_likelihood(eval_gradient=True)
+
+
+def test_newton_cap_warns():
+    with pytest.warns(ConvergenceWarning, match="Newton stopped at max_iter_predict=1"):
+        GaussianProcessClassifier(Gaussian(5.0), max_iter_predict=1).fit(X_SMALL, Y_SMALL)
+
+
+# --------------------------------------------------------------------------- scikit-learn API
+# Every check passes: no expected failures to list (measured with scikit-learn 1.9.1).
+@parametrize_with_checks([GaussianProcessClassifier()])
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+@pytest.mark.slow  # every check fits by CG: minutes here
+@parametrize_with_checks([GaussianProcessClassifier(solver="cg", tol=1e-6)])
+def test_sklearn_estimator_checks_cg(estimator, check):
+    with dask.config.set(scheduler="synchronous"):
+        check(estimator)
