@@ -159,7 +159,8 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         self._chols = chols if self.solver_ == "exact" else None
         self.n_iter_ = np.array([m.n_iter for m in modes])
         self.log_marginal_likelihood_value_ = (
-            float(np.mean([_laplace.log_evidence(m.psi, c) for m, c in zip(modes, chols)]))
+            float(np.mean([_laplace.log_evidence(m.psi, c)
+                           for m, c in zip(modes, chols, strict=True)]))
             if self.solver_ == "exact" else None)
         logger.info("GaussianProcessClassifier: solver=%s, Newton steps %s", self.solver_,
                     self.n_iter_.tolist())
