@@ -254,10 +254,8 @@ def _inputs(kernel: Kernel, X: Any, y: Any, centers: Any) -> tuple[da.Array, da.
     return Xd, Yd, Z
 
 
-def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
-                        gradient: Callable[..., np.ndarray] | None = None,
-                        diag_gradient: Callable[..., np.ndarray] | None = None,
-                        ) -> tuple[float, np.ndarray]:
+def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any,
+                        sigma2: float) -> tuple[float, np.ndarray]:
     """The bound and its gradient in ``(θ, log σ²)``: one more pass over the data.
 
     ``∂F/∂θ = Σ_chunks Σ (∂F/∂K_nu) ∘ ∂K_nu/∂θ + (∂F/∂K_uu) : ∂K_uu/∂θ
@@ -267,8 +265,9 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
               - \\Sigma^{-1}) - \\frac{\\alpha\\alpha^\\top}{2s^3}\\Big)
               + \\frac{y\\,\\alpha^\\top}{s^2}
 
-    The row chunks' contractions with ``gradient(x, Z)`` run on the cluster, tile
-    by tile, and are summed there: nothing n × M reaches the client.
+    The row chunks' contractions with the kernel's ``gradient(x, Z)`` (∂k/∂θ in log
+    space, :attr:`Kernel.theta`'s order) run on the cluster, tile by tile, and are
+    summed there: nothing n × M reaches the client.
 
     Parameters
     ----------
@@ -279,12 +278,6 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
         as a persisted dask array: numpy input is sent to the cluster on every call.
     sigma2 : float
         Noise variance s > 0.
-    gradient : callable, optional
-        ``gradient(A, B) -> (len(A), len(B), p)``: ∂k/∂θ of ``stats.kernel`` in log space
-        (``kernel.gradient`` by default); picklable (a module-level function or a
-        kernel's method).
-    diag_gradient : callable, optional
-        ``diag_gradient(A) -> (len(A), p)`` (``kernel.diag_gradient`` by default).
 
     Returns
     -------
@@ -293,7 +286,7 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
     grad : ndarray of shape (p + 1,)
         ``∂F/∂θ`` (p kernel log-hyperparameters) then ``∂F/∂ log σ²``.
     """
-    gradient, diag_gradient = _gradient_callables(stats.kernel, gradient, diag_gradient)
+    gradient, diag_gradient = stats.kernel.gradient, stats.kernel.diag_gradient
     s = positive_number(sigma2, "sigma2", " (the noise variance)")
     Xd, Yd, Z = _inputs(stats.kernel, X, y, stats.centers)
     d = _derivatives(stats, s)
@@ -366,13 +359,3 @@ def _kuu_term(stats: SGPRStatistics, dF_dkuu: np.ndarray, gradient: Any,
         total += np.einsum("nm,nmp->p", dF_dkuu[i0:i0 + rows], gradient(Z[i0:i0 + rows], Z))
     jitter_share = stats.jitter * np.asarray(diag_gradient(Z)).mean(axis=0)
     return total + np.trace(dF_dkuu) * jitter_share
-
-
-def _gradient_callables(kernel: Kernel, gradient: Any, diag_gradient: Any) -> tuple[Any, Any]:
-    gradient = gradient if gradient is not None else getattr(kernel, "gradient", None)
-    diag_gradient = diag_gradient if diag_gradient is not None else getattr(
-        kernel, "diag_gradient", None)
-    if not (callable(gradient) and callable(diag_gradient)):
-        raise TypeError(f"sgpr_bound_gradient needs ∂k/∂θ: {kernel!r} has no gradient(X, Z) and "
-                        "diag_gradient(X) methods; pass gradient= and diag_gradient= callables.")
-    return gradient, diag_gradient
