@@ -72,7 +72,7 @@ def pairwise_reduce(block: Callable[..., np.ndarray], rows: da.Array, cols: da.A
     token = tokenize(_identity(block), *(a.name for a in args[::2]), over, width, kwargs)
     parts = da.blockwise(
         _partial_block, f"{kept}{reduced}t", *args, new_axes={"t": width},
-        adjust_chunks={reduced: 1}, concatenate=True, dtype=np.float64,
+        adjust_chunks={reduced: 1}, concatenate=False, dtype=np.float64,
         meta=np.empty((0, 0, 0)), name=f"{name}-{token}", block=block, **kwargs)
     return da.reduction(parts, combine, combine, combine=combine, axis=1, dtype=np.float64,
                         meta=np.empty((0, 0)), name=f"{name}-sum-{token}")
@@ -85,15 +85,32 @@ def pairwise_map(block: Callable[..., np.ndarray], rows: da.Array, cols: da.Arra
     Each task returns its (n_i, m_j) block; nothing is combined, so this is for a
     few columns only (``m`` small): the result is chunked like ``rows`` by ``cols``.
     """
+    _indexed(rows, cols, ())
     token = tokenize(_identity(block), rows.name, cols.name, kwargs)
-    return da.blockwise(block, "ij", rows, "ia", cols, "jb", concatenate=True, dtype=dtype,
-                        meta=np.empty((0, 0), dtype), name=f"{name}-{token}", **kwargs)
+    return da.blockwise(_whole_block, "ij", rows, "ia", cols, "jb", concatenate=False,
+                        dtype=dtype, meta=np.empty((0, 0), dtype), name=f"{name}-{token}",
+                        block=block, **kwargs)
 
 
-def _partial_block(a: np.ndarray, b: np.ndarray, *operands: np.ndarray,
-                   block: Callable[..., np.ndarray], **kwargs: Any) -> np.ndarray:
+def _partial_block(*blocks: list[np.ndarray], block: Callable[..., np.ndarray],
+                   **kwargs: Any) -> np.ndarray:
     """One task: the block function's partial result with the combined axis added."""
-    return np.asarray(block(a, b, *operands, **kwargs), dtype=np.float64)[:, None, :]
+    out = block(*(_only(b) for b in blocks), **kwargs)
+    return np.asarray(out, dtype=np.float64)[:, None, :]
+
+
+def _whole_block(a: list[np.ndarray], b: list[np.ndarray], *, block: Callable[..., np.ndarray],
+                 **kwargs: Any) -> np.ndarray:
+    """One task of :func:`pairwise_map`: the block function on the chunk pair."""
+    return block(_only(a), _only(b), **kwargs)
+
+
+def _only(blocks: list[np.ndarray]) -> np.ndarray:
+    """The one block blockwise hands over along an operand's second (whole) axis.
+
+    With ``concatenate=True`` dask would copy it (concatenating a list of one): for a
+    cached n_i × M kernel block that copy cost more than the product itself."""
+    return blocks[0]
 
 
 def _indexed(rows: da.Array, cols: da.Array, operands: Sequence[Operand]) -> list[Any]:
@@ -103,6 +120,11 @@ def _indexed(rows: da.Array, cols: da.Array, operands: Sequence[Operand]) -> lis
         if side not in ("rows", "cols"):
             raise ValueError(f"an operand's side must be 'rows' or 'cols'; got {side!r}.")
         args += [array, ("i" if side == "rows" else "j") + "cdefgh"[k]]
+    for array in args[::2]:
+        if array.ndim != 2 or len(array.chunks[1]) != 1:
+            raise ValueError(f"pairwise operands must be 2-D and chunked along rows only; got "
+                             f"shape {array.shape} with chunks {array.chunks}. Rechunk with "
+                             "x.rechunk({1: -1}).")
     return args
 
 
