@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from dkern.errors import CorruptChunkError, StoreError
-from dkern.io import list_arrays, open_array, read_attrs, write_array, write_arrays
+from dkern.io import check_store, list_arrays, open_array, read_attrs, write_array, write_arrays
 
 
 @pytest.fixture(autouse=True)
@@ -381,3 +381,14 @@ def test_an_edited_array_metadata_file_is_refused(tmp_path):
                                          "its checksum: it was edited or damaged"):
         open_array(url, "X")
     assert not np.array_equal(open_array(url, "X", verify=False).compute(), x)  # what it hid
+
+
+@pytest.mark.parametrize("path", [".dkern/x", "../evil", "a/.hidden/x", "__zarr/x"])
+def test_hidden_or_escaping_group_paths_are_refused_before_writing(tmp_path, path):
+    """'.dkern/x' used to turn the hidden version tree into a group that check_store could
+    not see and clean_store then broke; '../evil' was reported as a damaged zarr.json."""
+    url = str(tmp_path / "s.zarr")
+    write_array(np.ones(4), url, "keep")
+    with pytest.raises(ValueError, match="group path components must be non-empty"):
+        write_array(np.ones(4), url, path)
+    assert list_arrays(url) == ["keep"] and check_store(url).ok

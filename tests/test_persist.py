@@ -214,11 +214,13 @@ def test_bit_flips_in_the_model_metadata_load_identically_or_raise_a_store_error
     np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), expected)
 
 
-def test_saving_into_a_data_store_is_refused_without_overwrite(tmp_path):
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_saving_into_a_data_store_is_refused_even_with_overwrite(tmp_path, overwrite):
+    """A model file replaces its whole store: following an 'overwrite' hint would have
+    deleted the training data (it used to say "pass overwrite=True", and then did)."""
     url = str(tmp_path / "data.zarr")
     dkern.io.write_arrays(url, {"X": X})
-    with pytest.raises(StoreError, match=r"already has arrays \['X'\]; pass overwrite=True to "
-                                         r"replace them \(all of them: this write replaces the "
-                                         "whole group"):
-        dkern.save(KernelRidge(solver="exact").fit(X, Y), url)
+    with pytest.raises(StoreError, match=r"holds data arrays \['X'\], not a saved model") as err:
+        dkern.save(KernelRidge(solver="exact").fit(X, Y), url, overwrite=overwrite)
+    assert "overwrite" not in str(err.value)
     np.testing.assert_array_equal(dkern.io.open_array(url, "X").compute(), X)

@@ -118,7 +118,7 @@ def write_arrays(
     all succeed on local disk; on fsspec stores, see the README.
     """
     url = os.fspath(url)
-    group = group.strip("/")
+    group = _checked_group(group)
     items = _checked_items(arrays)
     new_attrs = _checked_attrs(attrs)
     current = find_group(url, group)
@@ -170,6 +170,22 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
                 f"'.' nor '__'; got {name!r}. Rename the array, or pass group= for nesting."
             )
     return list(arrays.items())
+
+
+def _checked_group(group: str) -> str:
+    """``group`` without outer slashes; ValueError for a component that is empty, ``..``,
+    or starts with ``'.'`` or ``'__'`` (dkern's hidden version tree and zarr's own names)."""
+    if not isinstance(group, str):
+        raise TypeError(f"group must be a str such as 'models/krr'; got {type(group).__name__}.")
+    parts = group.strip("/").split("/") if group.strip("/") else []
+    bad = [p for p in parts if not p or p.startswith((".", "__"))]
+    if bad:
+        raise ValueError(
+            f"group path components must be non-empty and start with neither '.' nor '__'; got "
+            f"{group!r} (component {bad[0]!r}). Choose another name: names starting with '.' "
+            "are dkern's hidden version folders."
+        )
+    return "/".join(parts)
 
 
 def _checked_attrs(attrs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -256,14 +256,29 @@ def check_can_save(url: Url, *, overwrite: bool = False) -> None:
     Raises
     ------
     StoreError
-        The store already holds a model and ``overwrite`` is False.
+        The store already holds a model and ``overwrite`` is False, or it holds data
+        arrays (a model file replaces everything in its store, so that is refused even
+        with ``overwrite``).
     """
     url = os.fspath(url)
     found = _existing_attrs(url)
+    data = [] if "dkern_model" in found else _existing_arrays(url)
+    if data:  # never offer overwrite here: it would delete the data arrays
+        raise StoreError(f"{url!r} holds data arrays {data}, not a saved model; a model file "
+                         "replaces everything in its store. Save the model to a store of its "
+                         "own, e.g. a new path ending in .zarr.")
     if "dkern_model" in found and not overwrite:
         raise StoreError(f"{url!r} already holds a saved {found['dkern_model']} model; pass "
                          "overwrite=True to replace it (the old one stays readable until the "
                          "new one is complete).")
+
+
+def _existing_arrays(url: str) -> list[str]:
+    """The arrays of the store at ``url``; ``[]`` if there is none yet."""
+    try:
+        return list_arrays(url)
+    except StoreError:
+        return []
 
 
 def _existing_attrs(url: str) -> dict[str, Any]:
