@@ -372,7 +372,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             Also return ``σ(x*)`` (latent: ``alpha`` not included, as scikit-learn).
         return_cov : bool, default=False
             Also return the latent covariance (m, m); for m up to
-            ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``.
+            ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``. For
+            ``"nystrom"`` the SGPR posterior covariance (positive semi-definite; see
+            ``dkern.models._gp_sparse``), so ``sample_y`` works for it too.
         out : (url, group), optional
             Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
             ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
@@ -398,6 +400,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             _check_cov_size(Xw.shape[0])
         lazy = isinstance(Xw, da.Array)
+        mean: Any
+        var: Any
         if self.solver_ == "nystrom":  # mean and variance from one pass over the test rows
             latent, var = sgpr_predict(self._stats, self._checked_alpha("nystrom"), Xw)
             mean, var = self._unnormalized(latent), var if return_std else None
