@@ -265,13 +265,13 @@ def test_no_finite_likelihood_anywhere_is_an_error_not_nan():
 
 
 @pytest.mark.parametrize(("params", "match"), [
-    ({"solver": "lanczos"}, r"solver must be one of \['auto', 'exact', 'cg'\]"),
-    ({"variance": "nystrom"}, r"variance must be one of \['auto', 'exact', 'cg'\]"),
+    ({"solver": "lanczos"}, r"solver must be one of \['auto', 'exact', 'cg', 'nystrom'\]"),
+    ({"variance": "lanczos"}, r"variance must be one of \['auto', 'exact', 'cg', 'nystrom'\]"),
     ({"solver": "cg", "variance": "exact"}, "variance='exact' uses the Cholesky factor"),
     ({"alpha": -1.0}, "alpha must be a finite number >= 0"),
     ({"solver": "cg", "alpha": 0.0}, "alpha must be a finite number > 0"),
     ({"alpha": np.ones(50)}, "alpha must be one number"),
-    ({"n_centers": 10}, "n_centers=10 selects a sparse"),
+    ({"solver": "cg", "n_centers": 10}, "n_centers=10 sets the centres of the sparse GP"),
     ({"optimizer": "bfgs"}, "optimizer must be 'lbfgs'"),
     ({"n_restarts_optimizer": -1}, "n_restarts_optimizer must be an integer >= 0"),
     ({"tol": 0.0}, "tol must be a finite number > 0"),
@@ -301,6 +301,24 @@ def test_kernel_must_be_a_dkern_kernel():
                              random_state=0),
 ])
 def test_sklearn_estimator_checks(estimator, check):
+    with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        check(estimator)
+
+
+SPARSE_EXPECTED_FAILURES = {
+    "check_regressors_train": "the sparse GP with its default round(sqrt(n)) = 14 centres on "
+                              "200 rows is an approximate model; its R² there is below the "
+                              "check's 0.5 (the same estimator with n_centers=n is the exact GP)",
+}
+
+
+@pytest.mark.slow  # about two minutes here
+@parametrize_with_checks(
+    [GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=1e-2, solver="nystrom",
+                              random_state=0)],
+    expected_failed_checks=lambda estimator: SPARSE_EXPECTED_FAILURES)
+def test_sklearn_estimator_checks_sparse(estimator, check):
     with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         check(estimator)

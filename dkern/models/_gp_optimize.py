@@ -1,6 +1,7 @@
-"""Hyperparameter learning: maximise the exact log marginal likelihood over ``theta``.
+"""Hyperparameter learning: maximise a log marginal likelihood over ``theta``.
 
-As scikit-learn's ``GaussianProcessRegressor``: L-BFGS-B in log space within the
+The exact one (dense, n <= ``EXACT_MAX_N``) or the SGPR bound of the sparse GP; as
+scikit-learn's ``GaussianProcessRegressor``: L-BFGS-B in log space within the
 kernel's log-bounds, with the analytic gradient, from the kernel's own ``theta`` and
 then from ``n_restarts`` starts drawn uniformly in the log-bounds; the best run wins.
 """
@@ -18,11 +19,12 @@ import scipy.optimize
 
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
-from ._gp_exact import log_marginal_likelihood
 
 logger = logging.getLogger(__name__)
 
 Objective = Callable[..., Any]
+#: ``lml(kernel, eval_gradient) -> (value, gradient (p,))``; -inf where it does not exist.
+Likelihood = Callable[[Kernel, bool], tuple[float, np.ndarray]]
 
 
 def check_optimizer(optimizer: Any, n_restarts: Any) -> None:
@@ -50,9 +52,9 @@ def check_start_in_bounds(kernel: Kernel) -> None:
             "bounds 'fixed', or pass optimizer=None.")
 
 
-def optimize(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha: float, optimizer: Any,
-             n_restarts: int, rng: np.random.RandomState) -> tuple[np.ndarray, float]:
-    """The best ``theta`` found and its log marginal likelihood.
+def optimize(kernel: Kernel, lml: Likelihood, optimizer: Any, n_restarts: int,
+             rng: np.random.RandomState) -> tuple[np.ndarray, float]:
+    """The best ``theta`` found and its ``lml`` value.
 
     Warns (``ConvergenceWarning``) when a run does not converge, with the best value
     found; raises when no run reaches a finite likelihood (never returns NaN).
@@ -64,8 +66,7 @@ def optimize(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha: float, optimiz
         if not np.all(np.isfinite(theta)):
             value, grad = -np.inf, np.zeros(len(theta))
         else:
-            value, grad = log_marginal_likelihood(kernel.with_theta(theta), X, y, alpha,
-                                                  eval_gradient)
+            value, grad = lml(kernel.with_theta(theta), eval_gradient)
         if not np.isfinite(value):  # steer the search away; scikit-learn returns -inf too
             return (np.inf, np.zeros(len(theta))) if eval_gradient else np.inf
         return (-value, -grad) if eval_gradient else -value
@@ -76,7 +77,7 @@ def optimize(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha: float, optimiz
     if not np.isfinite(neg_value):
         raise NotPositiveDefiniteError(
             f"no hyperparameters tried by the optimizer ({len(runs)} runs) gave a positive "
-            f"definite K + alpha I (alpha={alpha:g}); increase alpha, narrow the kernel's "
+            "definite K + alpha I (a finite likelihood); increase alpha, narrow the kernel's "
             "bounds, or pass optimizer=None.")
     logger.info("GP optimizer: best log marginal likelihood %.6g over %d runs", -neg_value,
                 len(runs))

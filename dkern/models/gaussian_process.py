@@ -17,17 +17,26 @@ from ..io import is_store_ref, write_arrays
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
-from . import _gp_exact
+from ..solvers.sgpr import sgpr_bound, sgpr_predict
+from . import _gp_exact, _gp_sparse
 from ._gp_cg import cg_covariance, cg_variance
 from ._gp_optimize import check_optimizer, optimize
-from ._validation import as_generator, check_choice, check_tol, check_X, check_y, finite_number
+from ._validation import (
+    as_generator,
+    check_choice,
+    check_optional_int,
+    check_tol,
+    check_X,
+    check_y,
+    finite_number,
+)
 from .kernel_ridge import CG_PRECONDITIONER_RANK
 
 logger = logging.getLogger(__name__)
 
 #: Solvers of ``C a = y`` and variance methods this estimator offers (``"auto"`` first).
-SOLVERS = ("auto", "exact", "cg")
-VARIANCES = ("auto", "exact", "cg")
+SOLVERS = ("auto", "exact", "cg", "nystrom")
+VARIANCES = ("auto", "exact", "cg", "nystrom")
 #: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
 MAX_COV_BYTES = 2**30
 
@@ -55,26 +64,42 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         learnable hyperparameters are the kernel's ``theta`` (lengthscales, ARD
         included, and the constant ``c`` of ``c * k``; see ``kernel.bounds``).
     alpha : float, default=1e-10
-        Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 for ``"cg"``.
-    solver : {"auto", "exact", "cg"}, default="auto"
+        Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 otherwise.
+        Never learned (as in scikit-learn): the optimizer tunes the kernel only.
+    solver : {"auto", "exact", "cg", "nystrom"}, default="auto"
         How ``C a = t`` is solved. ``"exact"``: dense Cholesky, O(n³) time and n² memory
         (n <= ``dkern.solvers.EXACT_MAX_N``). ``"cg"``: block CG on the lazy
         ``gram(kernel, X) + alpha`` with a rank-``CG_PRECONDITIONER_RANK`` Nyström
         preconditioner: the same model, to ``tol``, never holding an n × n matrix.
-        ``"auto"``: ``"exact"`` up to ``EXACT_MAX_N`` rows, ``"cg"`` above (logged).
-    variance : {"auto", "exact", "cg"}, default="auto"
+        ``"nystrom"``: the sparse GP of Titsias (2009, "SGPR") on M centres, a
+        different, approximate model: one pass over X gives M-sized sums
+        (:func:`dkern.solvers.sgpr.sgpr_statistics`), O(n M²) time, O(M²) memory; it
+        equals the exact GP when every training row is a centre.
+        ``"auto"``: ``"nystrom"`` only when ``n_centers`` is given (a less accurate
+        model is never chosen unasked); otherwise ``"exact"`` up to ``EXACT_MAX_N``
+        rows, ``"cg"`` above. The choice is logged at INFO level.
+    variance : {"auto", "exact", "cg", "nystrom"}, default="auto"
         How ``k_*ᵀ C⁻¹ k_*`` is computed. ``"exact"``: triangular solves with the
         Cholesky factor, O(n² m), exact to rounding (needs ``solver="exact"``).
         ``"cg"``: block CG with the columns ``k(X, x*)`` of batches of test points as
         right-hand sides, each batch costing one CG solve (exact to ``tol``; for
-        moderate numbers of test points). ``"auto"``: the solver's own method.
+        moderate numbers of test points). ``"nystrom"`` (with ``solver="nystrom"``
+        only): the SGPR predictive variance ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²)
+        per test point from the M-sized statistics, in ``[0, k(x*, x*)]``; its error
+        against the exact GP's is that of the sparse model (zero with all rows as
+        centres). ``"auto"``: the solver's own method.
     n_centers : int, optional
-        Reserved for the sparse (Nyström) solver; not used by ``"exact"`` or ``"cg"``.
+        M for ``"nystrom"``, drawn uniformly from X's rows by
+        :func:`dkern.solvers.select_centers` (seeded by ``random_state``). Default
+        ``round(√n)``, at most 10,000, as :class:`dkern.KernelRidge`'s. Giving it with
+        ``solver="auto"`` asks for ``"nystrom"``; refused with ``"exact"``/``"cg"``.
     optimizer : "lbfgs", callable or None, default="lbfgs"
         Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
-        (L-BFGS-B in log space with the exact gradient, n <= ``EXACT_MAX_N``). A
-        callable ``optimizer(obj_func, initial_theta, bounds) -> (theta, min_value)``
-        as scikit-learn's. None keeps the kernel's hyperparameters.
+        (L-BFGS-B in log space with the analytic gradient): the exact one for
+        ``"exact"``/``"cg"`` (n <= ``EXACT_MAX_N``), the SGPR bound for ``"nystrom"``
+        (any n; each evaluation two passes over X, the centres fixed). A callable
+        ``optimizer(obj_func, initial_theta, bounds) -> (theta, min_value)`` as
+        scikit-learn's. None keeps the kernel's hyperparameters.
     n_restarts_optimizer : int, default=0
         Extra optimizer runs from starts drawn uniformly in the log-bounds.
     normalize_y : bool, default=False
@@ -86,23 +111,29 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     backend : {"auto", "numpy", "keops"}, default="auto"
         How kernel blocks of the lazy operators are computed.
     random_state : int, numpy Generator or RandomState, optional
-        Seeds the optimizer's restarts and the preconditioner's pivots.
+        Seeds the optimizer's restarts, the preconditioner's pivots and the centres.
 
     Attributes
     ----------
     kernel_ : Kernel
         The kernel with the fitted hyperparameters.
-    alpha_ : ndarray or dask.array.Array of shape (n,) or (n, t)
-        ``C⁻¹ t`` (t the normalised targets); lazy for ``"cg"`` on dask/Zarr X.
+    alpha_ : ndarray or dask.array.Array of shape (n,) or (n, t); (M,) or (M, t) for nystrom
+        ``C⁻¹ t`` (t the normalised targets); lazy for ``"cg"`` on dask/Zarr X. For
+        ``"nystrom"`` the centres' weights w, ``mean(x*) = k(x*, centers_) w``.
     L_ : ndarray of shape (n, n)
         ``"exact"`` only: the lower Cholesky factor of ``C``.
+    centers_ : ndarray of shape (M, d)
+        ``"nystrom"`` only: the centres (inducing points).
     X_train_ : ndarray or dask.array.Array of shape (n, d)
     y_train_ : ndarray or dask.array.Array of shape (n,) or (n, t)
-        The targets as fitted (normalised when ``normalize_y``).
+        The targets as fitted (normalised when ``normalize_y``). A loaded
+        ``"nystrom"`` model has neither (its file holds only M-sized arrays).
     log_marginal_likelihood_value_ : float
         ``ln p(t | θ)`` of ``kernel_``, exact, for n <= ``EXACT_MAX_N`` (``"exact"``
         reads it off its Cholesky factor; ``"cg"`` factors ``C`` densely once for it).
-        NaN above ``EXACT_MAX_N``, where it is not computed.
+        NaN above ``EXACT_MAX_N``, where it is not computed. For ``"nystrom"``: the
+        SGPR bound F, a lower bound of the exact ``ln p(t | θ)`` (the gap is
+        ``KL(q ‖ posterior)``), equal to it when every training row is a centre.
     solver_, variance_ : str
         The methods used (``"auto"`` resolved).
     n_iter_ : int
@@ -167,17 +198,21 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         n = Xv.shape[0]
         solver, variance = self._resolve(solver, variance, n)
         alpha = self._checked_alpha(solver)
-        self.__dict__.pop("L_", None)
+        for stale in ("L_", "centers_", "_stats"):
+            self.__dict__.pop(stale, None)
         self._preconditioner = None
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)  # the precision rule
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
         yw = self._normalized(yv)
         self.X_train_, self.y_train_ = Xw, yw
-        self.kernel_ = self._learned_kernel(kernel, Xw, yw, alpha, n)
+        if solver == "nystrom":
+            self._fit_sparse(kernel, Xw, yw, alpha)
+        else:
+            self.kernel_ = self._learned_kernel(kernel, Xw, yw, alpha, n)
         if solver == "exact":
             self._fit_exact(np.asarray(Xw), yw, alpha)
-        else:
+        elif solver == "cg":
             self._fit_cg(Xw, yw, alpha, tol)
         self.solver_, self.variance_ = solver, variance
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
@@ -195,22 +230,34 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     def _checked_methods(self) -> tuple[str, str]:
         solver = check_choice(self.solver, "solver", SOLVERS)
         variance = check_choice(self.variance, "variance", VARIANCES)
-        if self.n_centers is not None:
-            raise ValueError(f"n_centers={self.n_centers!r} selects a sparse (Nyström) solver, "
-                             f"which this GaussianProcessRegressor does not offer; the solvers "
-                             f"are {list(SOLVERS)}. Leave n_centers=None.")
+        check_optional_int(self.n_centers, "n_centers", 1)
+        if self.n_centers is not None and solver in ("exact", "cg"):
+            raise ValueError(f"n_centers={self.n_centers!r} sets the centres of the sparse GP, "
+                             f"solver='nystrom'; solver={solver!r} uses every training row. "
+                             "Leave n_centers=None, or use solver='nystrom'.")
         return solver, variance
 
     def _resolve(self, solver: str, variance: str, n: int) -> tuple[str, str]:
-        if solver == "auto":  # never a less accurate model: cg is the same one, to tol
-            solver = "exact" if n <= EXACT_MAX_N else "cg"
-            logger.info("GaussianProcessRegressor: solver='auto' chose %r (n=%d, EXACT_MAX_N=%d)",
-                        solver, n, EXACT_MAX_N)
+        if solver == "auto":  # never a less accurate model unasked: cg is exact to tol
+            if self.n_centers is not None:
+                solver, why = "nystrom", f"n_centers={self.n_centers} was given"
+            else:
+                solver = "exact" if n <= EXACT_MAX_N else "cg"
+                why = f"n={n}, EXACT_MAX_N={EXACT_MAX_N}"
+            logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
         if solver == "exact" and n > EXACT_MAX_N:
             raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
-                             f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg'.")
+                             f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
+        if solver == "nystrom" and self.n_centers is not None and self.n_centers > n:
+            raise ValueError(f"n_centers={self.n_centers} is more centres than the {n} training "
+                             f"rows (centres are distinct rows of X); use n_centers <= {n}.")
         if variance == "auto":
             variance = solver
+        if (variance == "nystrom") != (solver == "nystrom"):
+            raise ValueError(f"variance='nystrom' is the sparse GP's own predictive and goes with "
+                             f"solver='nystrom' only; got solver={solver!r}, variance="
+                             f"{variance!r}. Use solver='nystrom' with variance='nystrom' or "
+                             "'auto', or another variance with another solver.")
         if variance == "exact" and solver != "exact":
             raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
                              f"solver={solver!r}. Use variance='cg' (exact to tol) or "
@@ -222,7 +269,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(f"alpha must be one number (the noise variance added to every "
                              f"diagonal entry); got an array of shape {np.shape(self.alpha)}.")
         value = finite_number(self.alpha)
-        if value is None or value < 0 or (value == 0 and solver == "cg"):
+        if value is None or value < 0 or (value == 0 and solver != "exact"):
             bound = ">= 0" if solver == "exact" else "> 0"
             raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} (the "
                              f"noise variance added to the diagonal); got {self.alpha!r}. Use "
@@ -247,14 +294,36 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if learn and n > EXACT_MAX_N:
             raise ValueError(f"learning hyperparameters (optimizer={self.optimizer!r}) uses the "
                              f"exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
-                             "Learn them on a subsample and refit with optimizer=None.")
+                             "Learn them on a subsample and refit with optimizer=None, or "
+                             "maximise the sparse GP's bound with solver='nystrom'.")
         if not learn:
             return kernel
-        theta, value = optimize(kernel, _in_memory(X), _in_memory(y).reshape(n, -1), alpha,
-                                self.optimizer, self.n_restarts_optimizer,
+        Xn, yn = _in_memory(X), _in_memory(y).reshape(n, -1)
+
+        def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
+            return _gp_exact.log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
+
+        theta, value = optimize(kernel, lml, self.optimizer, self.n_restarts_optimizer,
                                 check_random_state(_legacy_seed(self.random_state)))
         self.log_marginal_likelihood_value_ = value
         return kernel.with_theta(theta)
+
+    def _fit_sparse(self, kernel: Kernel, X: Any, y: Any, alpha: float) -> None:
+        """SGPR: centres, the kernel maximising the bound (if ``optimizer``), its statistics."""
+        Xd, Yd = _gp_sparse.training_data(X, y)  # numpy X is sent to the cluster once
+        Z = _gp_sparse.centers(Xd, self.n_centers, as_generator(self.random_state))
+        bound = _gp_sparse.SparseBound(Xd, Yd, Z, alpha)
+        if self.optimizer is not None and len(kernel.theta) > 0:
+            theta, _ = optimize(kernel, bound, self.optimizer, self.n_restarts_optimizer,
+                                check_random_state(_legacy_seed(self.random_state)))
+            kernel = kernel.with_theta(theta)
+        self.kernel_ = kernel
+        self._stats = bound.statistics(kernel)  # the optimizer's last pass, when it ended here
+        self.log_marginal_likelihood_value_ = sgpr_bound(self._stats, alpha)
+        w = _gp_sparse.weights(self._stats, alpha)
+        self.alpha_ = np.ascontiguousarray(w[:, 0] if y.ndim == 1 else w)
+        self.centers_ = Z
+        self.n_iter_, self.converged_ = 1, True  # direct M x M factorisations
 
     def _fit_exact(self, X: np.ndarray, y: Any, alpha: float) -> None:
         L = _gp_exact.cholesky(self.kernel_, X, alpha)
@@ -303,7 +372,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             Also return ``σ(x*)`` (latent: ``alpha`` not included, as scikit-learn).
         return_cov : bool, default=False
             Also return the latent covariance (m, m); for m up to
-            ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``.
+            ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``. For
+            ``"nystrom"`` the SGPR posterior covariance (positive semi-definite; see
+            ``dkern.models._gp_sparse``), so ``sample_y`` works for it too.
         out : (url, group), optional
             Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
             ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
@@ -328,20 +399,30 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
         if return_cov:
             _check_cov_size(Xw.shape[0])
-        mean = self._mean(Xw)
         lazy = isinstance(Xw, da.Array)
-        if not (return_std or return_cov):
-            return self._deliver(mean, None, lazy, out, overwrite)
-        if return_std:
-            std = self._scaled(da.sqrt(self._latent_variance(Xw)) if lazy
-                               else np.sqrt(self._latent_variance(Xw)), power=1)
-            return self._deliver(mean, std, lazy, out, overwrite)
-        cov = self._latent_covariance(_in_memory(Xw))
-        return mean.compute(), self._scaled(cov, power=2)
+        mean: Any
+        var: Any
+        if self.solver_ == "nystrom":  # mean and variance from one pass over the test rows
+            latent, var = sgpr_predict(self._stats, self._checked_alpha("nystrom"), Xw)
+            mean, var = self._unnormalized(latent), var if return_std else None
+            if return_std and not lazy and out is None:
+                mean, var = dask.compute(mean, var)
+        else:
+            mean = self._mean(Xw)
+            var = self._latent_variance(Xw) if return_std else None
+        if return_cov:
+            cov = self._latent_covariance(_in_memory(Xw))
+            return _in_memory(mean), self._scaled(cov, power=2)
+        std = None if var is None else self._scaled(
+            da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var), power=1)
+        return self._deliver(mean, std, lazy, out, overwrite)
 
     def _mean(self, X: Any) -> da.Array:
-        latent = gram(self.kernel_, X, self.X_train_, backend=self.backend,
-                      dtype=np.float64) @ self.alpha_
+        return self._unnormalized(gram(self.kernel_, X, self.X_train_, backend=self.backend,
+                                       dtype=np.float64) @ self.alpha_)
+
+    def _unnormalized(self, latent: Any) -> Any:
+        """Means in the units of y (undoing ``normalize_y``)."""
         if self.alpha_.ndim == 1:
             return latent * self._y_train_std[0] + self._y_train_mean[0]
         return latent * self._y_train_std + self._y_train_mean
@@ -359,7 +440,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             return out
         if lazy:
             return mean if std is None else (mean, std)
-        return mean.compute() if std is None else (mean.compute(), std)
+        return _in_memory(mean) if std is None else (_in_memory(mean), std)
 
     def _latent_variance(self, X: Any) -> Any:
         """``k(x*, x*) - k_*ᵀ C⁻¹ k_*``: numpy (m,) for numpy X, dask for dask X."""
@@ -376,6 +457,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return da.from_array(var, chunks=(X.chunks[0],)) if isinstance(X, da.Array) else var
 
     def _latent_covariance(self, Xt: np.ndarray) -> np.ndarray:
+        if self.variance_ == "nystrom":
+            return _gp_sparse.covariance(self._stats, self._checked_alpha("nystrom"), Xt)
         if self.variance_ == "exact":
             return _gp_exact.covariance(self.kernel_, np.asarray(self.X_train_), self.L_, Xt)
         alpha = self._checked_alpha("cg")
@@ -386,7 +469,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     # ------------------------------------------------- likelihood and samples
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
                                 clone_kernel: bool = True) -> Any:
-        """``ln p(t | X, θ)`` of the training data, exact (n <= ``EXACT_MAX_N``).
+        """``ln p(t | X, θ)`` of the training data, exact (n <= ``EXACT_MAX_N``), or for
+        ``solver_ == "nystrom"`` its SGPR lower bound on the fitted centres (any n).
 
         Parameters
         ----------
@@ -394,7 +478,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             Log-hyperparameters of ``kernel_`` (``kernel_.theta`` layout); None returns
             ``log_marginal_likelihood_value_``.
         eval_gradient : bool, default=False
-            Also return the gradient ``½ Σ_ij (a aᵀ - C⁻¹)_ij ∂C_ij/∂θ_k``, shape (p,).
+            Also return the gradient ``½ Σ_ij (a aᵀ - C⁻¹)_ij ∂C_ij/∂θ_k``, shape (p,)
+            (for ``"nystrom"``: ∂F/∂θ of the bound, two passes over X).
         clone_kernel : bool, default=True
             Accepted for scikit-learn compatibility; ``kernel_`` is never modified.
 
@@ -407,15 +492,27 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             if eval_gradient:
                 raise ValueError("Gradient can only be evaluated for theta!=None")
             return self.log_marginal_likelihood_value_
+        kernel = self.kernel_.with_theta(theta)
+        if self.solver_ == "nystrom":
+            value, grad = self._sparse_bound()(kernel, eval_gradient)
+            return (value, grad) if eval_gradient else value
         n = self.X_train_.shape[0]
         if n > EXACT_MAX_N:
             raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
                              f"model has n={n}. Evaluate it on a subsample.")
-        kernel = self.kernel_.with_theta(theta)
         value, grad = _gp_exact.log_marginal_likelihood(
             kernel, _in_memory(self.X_train_), _in_memory(self.y_train_).reshape(n, -1),
             self._checked_alpha(self.solver_), eval_gradient)
         return (value, grad) if eval_gradient else value
+
+    def _sparse_bound(self) -> _gp_sparse.SparseBound:
+        if getattr(self, "X_train_", None) is None:
+            raise ValueError("this solver='nystrom' model was loaded from a file, which keeps "
+                             "only M-sized statistics, not the training data the bound at "
+                             "another theta needs; refit it on the data to evaluate "
+                             "log_marginal_likelihood(theta).")
+        Xd, Yd = _gp_sparse.training_data(self.X_train_, self.y_train_)
+        return _gp_sparse.SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
 
     def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
         """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn.

@@ -12,7 +12,10 @@ nothing of the old model after)::
     arrays: dual_coef, X_fit (exact, cg) or centers (nystrom), residuals (cg, nystrom)
 
 A ``GaussianProcessRegressor`` stores ``alpha`` (``alpha_``), ``X_train``, ``y_train``
-and, for the exact solver, its Cholesky factor ``L``; ``kernel`` is the kernel it was
+and, for the exact solver, its Cholesky factor ``L``; for ``"nystrom"`` only M-sized
+arrays: ``alpha`` (the centres' weights), ``centers`` and the SGPR statistics ``L``,
+``P``, ``b``, ``yty`` (their scalars ``sgpr_trace``, ``sgpr_n``, ``sgpr_jitter`` in
+"fitted"), and no training data; ``kernel`` is the kernel it was
 given (null for the default) and ``fitted_kernel`` its ``kernel_``; "fitted" adds
 ``variance_``, ``log_marginal_likelihood_value_`` (null for NaN) and the target
 normalisation ``y_train_mean`` / ``y_train_std``.
@@ -40,6 +43,7 @@ from ..errors import DkernError, StoreError
 from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
+from . import _gp_sparse
 from .gaussian_process import GaussianProcessRegressor
 from .kernel_ridge import KernelRidge
 
@@ -59,6 +63,9 @@ _FITTED_NAMES = {
         "variance_", "log_marginal_likelihood_value_", "y_train_mean", "y_train_std",
         "alpha_lazy", "X_train_lazy", "y_train_lazy"},
 }
+#: The GP's "fitted" names that depend on the solver: training data, or SGPR's scalars.
+_GP_DATA = frozenset({"X_train_lazy", "y_train_lazy"})
+_GP_SPARSE = frozenset({"sgpr_trace", "sgpr_n", "sgpr_jitter"})
 #: The array that marks each model as fitted.
 _FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_"}
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
@@ -122,6 +129,10 @@ def _krr_arrays(model: KernelRidge) -> dict[str, Any]:
 
 
 def _gp_arrays(model: GaussianProcessRegressor) -> dict[str, Any]:
+    if model.solver_ == "nystrom":
+        stats = model._stats
+        return {"alpha": model.alpha_, "centers": model.centers_, "L": stats.L, "P": stats.P,
+                "b": stats.b, "yty": stats.yty}
     arrays = {"alpha": model.alpha_, "X_train": model.X_train_, "y_train": model.y_train_}
     if model.solver_ == "exact":
         arrays["L"] = model.L_
@@ -180,8 +191,15 @@ def _restore_krr(model: KernelRidge, url: str, fitted: dict[str, Any]) -> None:
 def _restore_gp(model: GaussianProcessRegressor, url: str, fitted: dict[str, Any]) -> None:
     """Set the GP's fitted arrays and private state; pop their entries from ``fitted``."""
     model.alpha_ = _read(url, "alpha", lazy=fitted.pop("alpha_lazy"))
-    model.X_train_ = _read(url, "X_train", lazy=fitted.pop("X_train_lazy"))
-    model.y_train_ = _read(url, "y_train", lazy=fitted.pop("y_train_lazy"))
+    if fitted["solver_"] == "nystrom":
+        names = ("centers", "L", "P", "b", "yty")
+        arrays = {name: _read(url, name, lazy=False) for name in names}
+        scalars = {name: fitted.pop(name) for name in _GP_SPARSE}
+        model._stats = _gp_sparse.restore(model.kernel_, arrays, scalars)
+        model.centers_ = arrays["centers"]
+    else:
+        model.X_train_ = _read(url, "X_train", lazy=fitted.pop("X_train_lazy"))
+        model.y_train_ = _read(url, "y_train", lazy=fitted.pop("y_train_lazy"))
     if fitted["solver_"] == "exact":
         model.L_ = _read(url, "L", lazy=False)
     model._y_train_mean = np.asarray(fitted.pop("y_train_mean"), dtype=np.float64)
@@ -237,8 +255,13 @@ def _fitted_scalars(model: Model) -> dict[str, Any]:
             "log_marginal_likelihood_value_": lml if np.isfinite(lml) else None,
             "y_train_mean": model._y_train_mean.tolist(),
             "y_train_std": model._y_train_std.tolist(),
-            **{f"{name}_lazy": isinstance(getattr(model, f"{name}_"), da.Array)
-               for name in ("alpha", "X_train", "y_train")}})
+            "alpha_lazy": isinstance(model.alpha_, da.Array)})
+        if model.solver_ == "nystrom":
+            fitted.update({"sgpr_trace": model._stats.trace, "sgpr_n": model._stats.n,
+                           "sgpr_jitter": model._stats.jitter})
+        else:
+            fitted.update({f"{name}_lazy": isinstance(getattr(model, f"{name}_"), da.Array)
+                           for name in ("X_train", "y_train")})
     else:
         fitted.update({"dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
                        "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)})
@@ -320,6 +343,9 @@ def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
     """The file's fitted scalars, refusing any name ``save`` does not write: ``load``
     calls ``setattr`` with them, which must never reach methods or dunders."""
     fitted, known = attrs["fitted"], _FITTED_NAMES[attrs["dkern_model"]]
+    if attrs["dkern_model"] == "GaussianProcessRegressor" and isinstance(fitted, dict):
+        sparse = fitted.get("solver_") == "nystrom"
+        known = (known - _GP_DATA) | _GP_SPARSE if sparse else known
     unknown = sorted(set(fitted) - known) if isinstance(fitted, dict) else fitted
     missing = sorted(known - {"feature_names_in_"} - set(fitted)) if not unknown else []
     if unknown or missing:
