@@ -320,3 +320,40 @@ def test_leverage_selection_reads_x_a_fixed_number_of_times():
                        random_state=0)
     assert C.shape == (30, 1) and len(np.unique(C)) == 30 and np.isin(C, Xs).all()
     assert len(READS) <= 1 + 3 * 12 and max(np.bincount(READS)) <= 4
+
+
+class _FakeClient:
+    """What persist_budget reads of a distributed client: its workers' memory limits."""
+
+    def __init__(self, limits):
+        self.limits = limits
+
+    def scheduler_info(self, n_workers=5):
+        return {"workers": {f"w{i}": {"memory_limit": m} for i, m in enumerate(self.limits)}}
+
+    def get(self, *args, **kwargs):
+        raise AssertionError("nothing is computed here")
+
+
+def test_persist_budget_follows_the_workers_memory_limits():
+    from dkern.operators import persist_budget
+    from dkern.operators.memory import PERSIST_FRACTION
+
+    limits = [400e6, 500e6, 450e6, 400e6, 400e6, 400e6]  # more workers than a default listing
+    with dask.config.set(scheduler=_FakeClient(limits).get):
+        assert persist_budget() == int(PERSIST_FRACTION * 400e6 * 6)
+
+
+def test_falkon_does_not_cache_knm_beyond_the_workers_memory(monkeypatch):
+    """Two 400 MB workers cannot hold a 1.6 GB K_nm: it was cached anyway (the 2 GiB
+    default alone decided) and the workers were killed. Now the pass recomputes it."""
+    import importlib
+
+    falkon_module = importlib.import_module("dkern.solvers.falkon")
+    calls = []
+    real = NystromOperator.cache_blocks
+    monkeypatch.setattr(NystromOperator, "cache_blocks",
+                        lambda self, budget: calls.append(budget) or real(self, budget))
+    monkeypatch.setattr(falkon_module, "persist_budget", lambda: 240_000_000)
+    falkon_module.falkon(Gaussian(1.0), X, Y, X[:20], 1e-2, tol=1e-3, backend="numpy")
+    assert calls == [240_000_000]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from .base import Operator, data_rows
 from .gram import GramOperator, gram
+from .memory import persist_budget
 from .pairwise import pairwise_map, pairwise_reduce
 from .shifted import ShiftedOperator
 
 __all__ = [
     "GramOperator", "Operator", "ShiftedOperator", "data_rows", "gram", "pairwise_map",
-    "pairwise_reduce",
+    "pairwise_reduce", "persist_budget",
 ]

@@ -35,6 +35,7 @@ import scipy.linalg as sla
 
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
+from ..operators import persist_budget
 from ..operators.nystrom import NystromOperator
 from ._checks import integer, positive_number
 from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
@@ -51,9 +52,10 @@ RANK_RTOL = np.finfo(np.float64).eps
 NOISE_MAX = 1e-6
 #: Falkon usually converges in tens of iterations; more means a badly conditioned problem.
 DEFAULT_MAX_ITER = 200
-#: K_nm up to this size (over all workers) is computed once and kept on the cluster, so each
-#: iteration reads it instead of re-evaluating the kernel (n = 200,000, M = 1,000 in float64
-#: is 1.6 GB; n = 1,000,000, M = 2,000 would be 16 GB and is recomputed per pass).
+#: K_nm up to this size (over all workers, and within their memory: ``persist_budget``) is
+#: computed once and kept on the cluster, so each iteration reads it instead of re-evaluating
+#: the kernel (n = 200,000, M = 1,000 in float64 is 1.6 GB; n = 1,000,000, M = 2,000 would be
+#: 16 GB and is recomputed per pass).
 KNM_CACHE_BYTES = 2 * 2**30
 #: Rows of the preconditioner's sample per centre (see ``sketch_size``).
 SKETCH_PER_CENTER = 10
@@ -128,7 +130,8 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         Show a tqdm bar with the iteration, the largest relative residual and the time.
     cache_bytes : int, default=KNM_CACHE_BYTES (2 GiB)
         Keep ``K_nm`` on the workers when it takes at most this much memory (summed
-        over workers); 0 recomputes the kernel in every pass.
+        over workers) and fits in their memory (:func:`dkern.operators.persist_budget`:
+        a share of the workers' memory limits); 0 recomputes the kernel in every pass.
     sketch_rows : int, optional
         Size s of the uniform row sample the preconditioner estimates ``K_nmᵀ K_nm``
         from; default :func:`sketch_size`. ``s <= M`` uses the centres themselves
@@ -150,8 +153,12 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     tol = positive_number(tol, "tol", ", e.g. 1e-6")
     max_iter = DEFAULT_MAX_ITER if max_iter is None else integer(max_iter, "max_iter")
     s = sketch_size(n, M) if sketch_rows is None else integer(sketch_rows, "sketch_rows", low=0)
-    if op.cache_blocks(integer(cache_bytes, "cache_bytes", low=0)):
+    budget = min(integer(cache_bytes, "cache_bytes", low=0), persist_budget())
+    if op.cache_blocks(budget):
         logger.info("falkon: K_nm (%d x %d) cached on the workers", *op.shape)
+    else:
+        logger.info("falkon: K_nm (%d x %d) recomputed in every pass: it is over the cache "
+                    "budget of %.2f GB", *op.shape, budget / 1e9)
     sample = None
     if s > M:
         rng = np.random.default_rng(random_state)
