@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from distributed import KilledWorker
 
 from . import __version__
 from .errors import DkernError
@@ -119,11 +120,18 @@ def _rmse(store: str, pred: str, truth: str) -> float:
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:
     """Zarr store -> Nyström KRR fit on the cluster -> predictions written back -> RMSE."""
+    if args.store is None:  # a store of its own, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="dkern-demo-") as folder:
+            report = _run_demo(args, os.path.join(folder, "demo.zarr"))
+        return {**report, "store": "(temporary, removed; keep one with --store)"}
+    return _run_demo(args, args.store)
+
+
+def _run_demo(args: argparse.Namespace, store: str) -> dict[str, Any]:
     from . import KernelRidge
     from .io import make_regression_store
     from .kernels import Gaussian
 
-    store = args.store or os.path.join(tempfile.mkdtemp(prefix="dkern-demo-"), "demo.zarr")
     report: dict[str, Any] = {"store": store, "n": args.n, "d": args.d, "n_test": args.n_test}
     with _client(args) as client:
         report["dashboard"] = client.dashboard_link
@@ -320,6 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The library names its keyword argument; here it is a flag.
         message = str(err).replace("overwrite=True", "--overwrite")
         print(f"dkern {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except KilledWorker as err:
+        print(f"dkern {args.command}: error: a Dask worker died while running a task ({err}); "
+              "the usual cause is a worker out of memory. Give the workers more memory "
+              "(their memory_limit), or use smaller row chunks.", file=sys.stderr)
         return 1
     _print_report(report, args)
     return 0

@@ -195,6 +195,32 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
     assert code == 0 and json.loads(again)["rmse"] == json.loads(out)["rmse"]
 
 
+def test_demo_without_a_store_leaves_no_files_behind(capsys, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the demo's folder goes
+    code, out, _ = run(capsys, "demo", "--n", "2000", "--n-test", "200", "--d", "2",
+                       "--centers", "50", "--workers", "1", "--json")
+    assert code == 0 and "removed" in json.loads(out)["store"]
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("dkern-demo-")]
+    assert left == []  # it left a 15 MB store per run
+
+
+def test_a_killed_worker_is_one_message_with_the_fix(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from distributed import KilledWorker
+
+    def dies(args):
+        raise KilledWorker("('dkern-kernel-blocks-1', 0, 0)",
+                           SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
+
+    monkeypatch.setattr(cli, "_info", dies)
+    code, out, err = run(capsys, "info", "--quiet")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1
+    assert "out of memory" in err and "memory_limit" in err
+
+
 def test_fit_and_demo_keep_their_own_tol_defaults():
     parser = cli._parser()
     fit = parser.parse_args(["fit", "--data", "d", "--x", "X", "--y", "y", "--model", "m"])
