@@ -114,8 +114,10 @@ def _read_block(z: zarr.Array, url: str, label: str, *, block_info: dict[Any, An
     except MissingChunk as err:
         raise CorruptChunkError(
             f"store {url!r}, array {label!r}: chunk {index} (key {err.key!r}) is missing. "
-            "The store is damaged, or a later write replaced this array (open it again "
-            "with open_array); rewrite the array from its source to repair the store."
+            "Either a later write replaced this array after it was opened (open it again "
+            "with open_array; for a model loaded from this store, dkern.load it again), or "
+            "the store is damaged: check it with `dkern store check` and rewrite the array "
+            "from its source."
         ) from None
     except ValueError as err:  # the crc32c codec raises ValueError on a mismatch
         raise CorruptChunkError(

@@ -50,8 +50,11 @@ def from_repr(text: str) -> Kernel:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as err:
-        raise ValueError(f"from_repr: {_short(text)} is not a kernel expression ({err.msg}; a "
-                         f"kernel nests at most MAX_DEPTH = {MAX_DEPTH} operations).") from None
+        if "too many nested" in str(err.msg):  # Python's parser stops at 200 parentheses
+            raise _too_deep(text) from None
+        raise ValueError(f"from_repr: {_short(text)} is not a kernel expression ({err.msg}); "
+                         "write it as dkern's kernels combined with numbers, +, *, ** and exp, "
+                         "e.g. '2.0 * Gaussian(lengthscale=0.5)'.") from None
     except (RecursionError, MemoryError):
         raise _too_deep(text) from None
     kernel = _evaluate(tree.body, text, 1)
