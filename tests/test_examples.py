@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The README's sizes, scaled down for the test. Each must occur in the README, so a
 #: snippet that changes fails here instead of silently running at full size.
 SCALED = {"n=1_000_000": "n=20_000", "X[:2000]": "X[:200]", "np.ones(2000)": "np.ones(200)",
-          "n_centers=2000": "n_centers=100"}
+          "n_centers=2000": "n_centers=100", "n_centers=500": "n_centers=100"}
 
 
 def _gaussian(A, B, ell):
@@ -47,7 +47,7 @@ def readme_snippets():
 @pytest.mark.distributed
 def test_readme_snippets_run_as_scripts(tmp_path):
     snippets = readme_snippets()
-    assert len(snippets) == 2, "update this test with the README's snippets"
+    assert len(snippets) == 3, "update this test with the README's snippets"
     for old in SCALED:
         assert any(old in code for code in snippets), f"{old!r} is no longer in the README"
     outputs = []
@@ -77,6 +77,14 @@ def test_readme_snippets_run_as_scripts(tmp_path):
     want = _gaussian(X_test, C, 3.0) @ beta
     assert np.linalg.norm(pred - want) / np.linalg.norm(want) <= 1e-2
     assert f"test RMSE {np.sqrt(np.mean((pred - truth) ** 2)):.4f}" in outputs[1]
+    # third snippet: the sparse GP's mean and std, stored chunk by chunk: std finite and
+    # within [0, prior std = 1]; with 100 centres in 8-d the mean is rough, but it beats the
+    # zero predictor (tests/test_gp_sparse.py checks the sparse GP's numbers densely)
+    mean, std = (open_array(store, f"gp/{a}").compute() for a in ("mean", "std"))
+    assert mean.shape == std.shape == truth.shape
+    assert np.all(np.isfinite(std)) and np.all((std >= 0) & (std <= 1 + 1e-12))
+    rmse = np.sqrt(np.mean((mean - truth) ** 2))
+    assert rmse < 0.8 * np.sqrt(np.mean(truth**2)) and f"GP test RMSE {rmse:.4f}" in outputs[2]
 
 
 @pytest.mark.slow
