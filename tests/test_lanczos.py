@@ -49,10 +49,10 @@ def test_full_rank_is_the_exact_posterior():
 
 def test_basis_is_orthonormal_and_T_is_its_projection():
     result, _, _ = love(60)
-    Q = result.Q.compute()
+    Q = result.V.compute()
     C = KERNEL(X) + SIGMA2 * np.eye(N)
     assert np.max(np.abs(Q.T @ Q - np.eye(60))) <= 1e-12
-    assert np.max(np.abs(Q.T @ C @ Q - result.T)) <= 1e-10 * np.linalg.norm(C, 2)
+    assert np.max(np.abs(Q.T @ C @ Q - result.H)) <= 1e-10 * np.linalg.norm(C, 2)
 
 
 def test_variances_are_one_sided_and_shrink_with_rank():
