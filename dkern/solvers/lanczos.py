@@ -107,7 +107,8 @@ def lanczos_decomposition(A: Any, b: Any, rank: int, *,
     preconditioner : NystromPreconditioner, optional
         Built on the same kernel and X, e.g. ``NystromPreconditioner(kernel, X, sigma2,
         r, pivots="rpcholesky")``; its orthonormal factor (n × r, persisted) is the
-        front of V, at the cost of one matvec with r columns. None: plain LOVE.
+        front of V, at the cost of one matvec with r columns. Only the factor's span is
+        used (its alpha and Woodbury core are not). None: plain LOVE.
 
     Returns
     -------
@@ -162,9 +163,8 @@ def _lanczos_steps(A: Any, U: da.Array, q: da.Array, H: np.ndarray,
     return V, rank
 
 
-
 def _symmetric(H: np.ndarray) -> np.ndarray:
-    """T from the coefficients ``H[i, j] = q_iᵀ A q_j`` computed for i <= j (upper triangle)."""
+    """H from the coefficients ``H[i, j] = v_iᵀ A v_j`` computed for i <= j (upper triangle)."""
     return np.triu(H) + np.triu(H, 1).T
 
 
