@@ -1,27 +1,31 @@
-"""LOVE: a rank-k Lanczos decomposition of ``C = K + σ²I`` for GP predictive variances.
+"""LOVE with a Nyström-augmented Lanczos basis: GP predictive variances from one decomposition.
 
 Pleiss, Gardner, Weinberger & Wilson (2018), "Constant-time predictive
-distributions for Gaussian processes" (LOVE). k Lanczos steps on the lazy
-operator ``C``, started from the training targets ``y``, give an orthonormal
-basis ``Q`` (n × k, persisted on the cluster) of the Krylov space
-``span{y, Cy, …, C^{k-1}y}`` and the tridiagonal ``T = Qᵀ C Q`` (k × k, on
-the client). Then
+distributions for Gaussian processes" (LOVE): k Lanczos steps on the lazy
+operator ``C = K + σ²I`` started from the training targets ``y`` give an
+orthonormal basis and the projection of C on it. Plain Lanczos needs k near the
+number of eigenvalues of K above σ², so (as GPyTorch preconditions LOVE with a
+pivoted Cholesky factor, Gardner et al. 2018) the basis is augmented by the
+range of a rank-r Nyström / RPCholesky preconditioner: ``V = [U, Q]`` with U
+(n × r) the preconditioner's orthonormal factor and Q (n × k) the Lanczos basis
+of the deflated operator ``(I − UUᵀ) C (I − UUᵀ)`` started from ``(I − UUᵀ) y``.
+With ``H = Vᵀ C V = L Lᵀ`` ((k + r) × (k + r), on the client),
 
-.. math:: C^{-1} \\approx Q T^{-1} Q^\\top, \\qquad
-          T = L L^\\top, \\qquad
-          m(x_*) = k_*^\\top Q T^{-1} e_1 \\|y\\|, \\qquad
-          v(x_*) = k(x_*, x_*) - \\|L^{-1} Q^\\top k_*\\|^2 ,
+.. math:: C^{-1} \\approx V H^{-1} V^\\top, \\qquad
+          m(x_*) = k_*^\\top V H^{-1} V^\\top y, \\qquad
+          v(x_*) = k(x_*, x_*) - \\|L^{-1} V^\\top k_*\\|^2 ,
 
-so the mean and latent variance of any number of test points cost one
-operator product ``W = K(X_*, X) Q`` (n* × k). The mean is the k-step CG
-(Lanczos) solution of ``C c = y``. Because ``Q T⁻¹ Qᵀ ≼ C⁻¹`` (the projection of
-an SPD inverse onto a subspace), each Lanczos variance lies between the exact
-variance and the prior ``k(x*, x*)``: the error is one-sided and shrinks as k
-grows (benchmarks/RESULTS.md has measured errors against k).
+so the mean and latent variance of any number of test points cost one operator
+product ``K(X_*, X) V`` with k + r columns. The mean is the Galerkin solution of
+``C c = y`` on span(V). ``V H⁻¹ Vᵀ ≼ C⁻¹`` (the Rayleigh–Ritz inverse on a
+subspace), and the subspaces are nested in k: each variance lies between the
+exact variance and the prior and does not grow with k (benchmarks/RESULTS.md,
+"GP variance notes", has measured errors against k and r). Without a
+preconditioner (r = 0) this is plain LOVE.
 
 Each step reorthogonalises the new vector against the whole stored basis
 twice (classical Gram–Schmidt twice, "twice is enough"): on the cluster,
-with only k scalars reaching the client per pass.
+with only k + r scalars reaching the client per pass.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import scipy.linalg as sla
 from ..errors import NotPositiveDefiniteError
 from ..operators import GramOperator
 from ._checks import integer
+from .preconditioners import NystromPreconditioner
 
 logger = logging.getLogger(__name__)
 
@@ -52,35 +57,42 @@ class LanczosResult:
 
     Attributes
     ----------
-    Q : dask.array.Array of shape (n, k), float64
-        Orthonormal Lanczos basis, persisted on the cluster, chunked like the operator's columns.
-    T : ndarray of shape (k, k)
-        The symmetric tridiagonal ``Qᵀ C Q``.
-    b_norm : float
-        ``‖b‖`` of the starting vector (the training targets).
+    V : dask.array.Array of shape (n, r + k), float64
+        Orthonormal basis ``[U, Q]``: the preconditioner's r factor columns (none
+        without one), then the k Lanczos vectors; persisted on the cluster, chunked
+        like the operator's columns.
+    H : ndarray of shape (r + k, r + k)
+        The symmetric projection ``Vᵀ C V`` (its last k × k block is tridiagonal).
+    Vtb : ndarray of shape (r + k,)
+        ``Vᵀ b``, b the starting vector (the training targets).
     residual : float
-        Relative residual ``‖b − C x‖ / ‖b‖ = β_k |e_kᵀ T⁻¹ e₁|`` of the Lanczos
-        solution ``x = Q T⁻¹ e₁ ‖b‖`` (the predictive mean's weights), from T alone.
+        Relative residual ``‖b − C x‖ / ‖b‖`` of the Galerkin solution
+        ``x = V H⁻¹ Vᵀ b`` (the predictive mean's weights), from one more matvec.
+    n_augmented : int
+        r, the preconditioner columns at the front of V.
     """
 
-    Q: da.Array
-    T: np.ndarray
-    b_norm: float
+    V: da.Array
+    H: np.ndarray
+    Vtb: np.ndarray
     residual: float
+    n_augmented: int
 
     @property
     def rank(self) -> int:
-        """k, the number of Lanczos vectors (fewer than asked after a breakdown)."""
-        return int(self.T.shape[0])
+        """r + k, the columns of V (fewer Lanczos vectors than asked after a breakdown)."""
+        return int(self.H.shape[0])
 
 
-def lanczos_decomposition(A: Any, b: Any, rank: int) -> LanczosResult:
-    """Run ``rank`` Lanczos steps on the SPD operator ``A`` from the direction of ``b``.
+def lanczos_decomposition(A: Any, b: Any, rank: int, *,
+                          preconditioner: NystromPreconditioner | None = None) -> LanczosResult:
+    """Run ``rank`` Lanczos steps on ``A``, deflated by a preconditioner's range, from ``b``.
 
-    .. math:: q_1 = b / \\|b\\|, \\quad T = Q^\\top A Q, \\quad Q^\\top Q = I_k
+    .. math:: U = \\text{preconditioner.factor}, \\quad
+              q_1 = (I - UU^\\top) b / \\|(I - UU^\\top) b\\|, \\quad
+              V = [U, Q], \\quad H = V^\\top A V
 
-    T is taken as computed, ``T[i, j] = q_iᵀ A q_j`` for i <= j (the full
-    projection, tridiagonal up to rounding).
+    H is taken as computed, ``H[i, j] = v_iᵀ A v_j`` for i <= j.
 
     Parameters
     ----------
@@ -89,51 +101,77 @@ def lanczos_decomposition(A: Any, b: Any, rank: int) -> LanczosResult:
         (``K + σ²I``, σ² as scikit-learn's ``GaussianProcessRegressor(alpha=σ²)``).
     b : array-like of shape (n,)
         The start direction: the training targets, so the predictive mean is the
-        Lanczos (k-step CG) solution. numpy or dask; not all zero.
+        Galerkin solution on span(V). numpy or dask; not all zero.
     rank : int
-        Lanczos vectors k, 1 <= k <= n; each costs one matvec and two passes over Q.
+        Lanczos vectors k, 1 <= k <= n − r; each costs one matvec and two passes over V.
+    preconditioner : NystromPreconditioner, optional
+        Built on the same kernel and X, e.g. ``NystromPreconditioner(kernel, X, sigma2,
+        r, pivots="rpcholesky")``; its orthonormal factor (n × r, persisted) is the
+        front of V, at the cost of one matvec with r columns. Only the factor's span is
+        used (its alpha and Woodbury core are not). None: plain LOVE.
 
     Returns
     -------
     LanczosResult
-        ``Q`` (n, k) persisted on the cluster, ``T`` (k, k), ``b_norm``, ``residual``.
-        Fewer than ``rank`` vectors when the Krylov space of b is exhausted earlier.
+        ``V`` (n, r + k) persisted on the cluster, ``H``, ``Vtb``, ``residual``.
+        Fewer than ``rank`` Lanczos vectors when the Krylov space of b is exhausted.
 
     Raises
     ------
     NotPositiveDefiniteError
-        When ``qᵀAq <= 0`` for a Lanczos vector (A is not positive definite).
+        When ``vᵀAv <= 0`` for a basis vector (A is not positive definite).
     """
     n = _check_operator(A)
-    rank = integer(rank, "rank", high=n, hint=" It is the number of Lanczos vectors k.")
-    q, b_norm = _start_vector(A, b)
-    Q, H, k = q, np.zeros((rank, rank)), rank
-    for j in range(rank):
+    q0, b_norm = _start_vector(A, b)
+    U, H0 = _augmentation(A, preconditioner, q0.chunks[0])
+    r = U.shape[1]
+    rank = integer(rank, "rank", high=n - r,
+                   hint=f" It is the number of Lanczos vectors k, at most n − r = {n - r}.")
+    q, _ = _orthogonalise(U, q0)
+    (norm,) = dask.compute(da.sqrt((q * q).sum()))
+    V, H, k = U, np.zeros((r + rank, r + rank)), 0
+    H[:r, :r] = H0
+    if norm > BREAKDOWN:  # else b (of norm 1 here) lies in span(U): nothing to add
+        (q,) = dask.persist(q / norm)
+        V, k = _lanczos_steps(A, U, q, H, rank)
+    H = _symmetric(H[:r + k, :r + k])
+    (Vtq,) = dask.compute(V.T @ q0)
+    Vtb = Vtq[:, 0] * b_norm
+    residual = _galerkin_residual(A, V, H, Vtq[:, 0], q0)
+    logger.info("Lanczos: %d preconditioner columns and %d Lanczos vectors, relative residual "
+                "of the solve %.3e", r, k, residual)
+    return LanczosResult(V, H, Vtb, residual, r)
+
+
+def _lanczos_steps(A: Any, U: da.Array, q: da.Array, H: np.ndarray,
+                   rank: int) -> tuple[da.Array, int]:
+    """Up to ``rank`` steps from ``q`` ⊥ U, filling columns r.. of H; returns V and k."""
+    r = U.shape[1]
+    V = da.concatenate([U, q], axis=1).rechunk({1: -1})
+    for j in range(r, r + rank):
         (w,) = dask.persist(A.matvec(q).astype(np.float64))
-        w, h = _orthogonalise(Q, w)
+        w, h = _orthogonalise(V, w)
         H[:j + 1, j] = h
-        _check_positive(h[j], j)
+        _check_positive(h[j], j - r)
         (beta,) = dask.compute(da.sqrt((w * w).sum()))
-        if j == rank - 1 or beta <= BREAKDOWN * np.linalg.norm(h):
-            k = j + 1
+        if beta <= BREAKDOWN * np.linalg.norm(h):
+            return V, j + 1 - r
+        if j == r + rank - 1:
             break
         q = w / beta
-        (Q, q) = dask.persist(da.concatenate([Q, q], axis=1).rechunk({1: -1}), q)
-    T = _symmetric(H[:k, :k])
-    residual = _solution_residual(T, float(beta))
-    logger.info("Lanczos: %d vectors, relative residual of the solve %.3e", k, residual)
-    return LanczosResult(Q, T, b_norm, residual)
+        (V, q) = dask.persist(da.concatenate([V, q], axis=1).rechunk({1: -1}), q)
+    return V, rank
 
 
 def _symmetric(H: np.ndarray) -> np.ndarray:
-    """T from the coefficients ``H[i, j] = q_iᵀ A q_j`` computed for i <= j (upper triangle)."""
+    """H from the coefficients ``H[i, j] = v_iᵀ A v_j`` computed for i <= j (upper triangle)."""
     return np.triu(H) + np.triu(H, 1).T
 
 
-def _check_positive(alpha: float, j: int) -> None:
+def _check_positive(alpha: float, j: int, what: str = "Lanczos step") -> None:
     if not alpha > 0:
         raise NotPositiveDefiniteError(
-            f"Lanczos step {j}: qᵀAq = {alpha:.3e} <= 0, so the operator is not positive "
+            f"{what} {j}: vᵀAv = {alpha:.3e} <= 0, so the operator is not positive "
             "definite; use a PSD kernel and sigma2 > 0 (K + σ²I).")
 
 
@@ -141,13 +179,13 @@ def lanczos_predict(result: LanczosResult, cross: GramOperator,
                     prior: Any = None) -> tuple[da.Array, da.Array]:
     """Predictive mean and latent variance at test points from a Lanczos decomposition.
 
-    .. math:: W = K(X_*, X)\\, Q, \\quad m = W T^{-1} e_1 \\|y\\|, \\quad
+    .. math:: W = K(X_*, X)\\, V, \\quad m = W H^{-1} V^\\top y, \\quad
               v = \\mathrm{clip}(k_{**} - \\|L^{-1} W^\\top\\|^2_{\\text{cols}},\\ 0,\\ k_{**})
 
     Parameters
     ----------
     result : LanczosResult
-        From ``lanczos_decomposition(gram(kernel, X) + sigma2, y, rank)``.
+        From ``lanczos_decomposition(gram(kernel, X) + sigma2, y, rank, preconditioner=...)``.
     cross : GramOperator
         ``dkern.gram(kernel, X_test, X)``, shape (n*, n): the same kernel and training X.
     prior : array-like of shape (n*,), optional
@@ -158,18 +196,18 @@ def lanczos_predict(result: LanczosResult, cross: GramOperator,
     mean : dask.array.Array of shape (n*,), float64
     variance : dask.array.Array of shape (n*,), float64
         Latent variance (σ² not included), in ``[0, k(x*, x*)]``; both lazy, chunked
-        like X_test's rows, from one product of ``cross`` with the k columns of Q.
+        like X_test's rows, from one product of ``cross`` with the r + k columns of V.
     """
-    if not isinstance(cross, GramOperator) or cross.shape[1] != result.Q.shape[0]:
+    if not isinstance(cross, GramOperator) or cross.shape[1] != result.V.shape[0]:
         raise ValueError(f"cross must be dkern.gram(kernel, X_test, X) with X the "
-                         f"{result.Q.shape[0]} training rows the decomposition was built on; "
+                         f"{result.V.shape[0]} training rows the decomposition was built on; "
                          f"got {cross!r}.")
     if prior is None:
         prior = gram_diag(cross)
     prior = da.asarray(prior).astype(np.float64).rechunk((cross.X.chunks[0],))
-    L = np.linalg.cholesky(result.T)
-    weights = sla.cho_solve((L, True), np.eye(result.rank)[:, 0] * result.b_norm)
-    W = cross.matvec(result.Q).astype(np.float64)  # shape: (n*, k)
+    L = np.linalg.cholesky(result.H)
+    weights = sla.cho_solve((L, True), result.Vtb)
+    W = cross.matvec(result.V).astype(np.float64)  # shape: (n*, r + k)
     mean = W @ weights
     variance = da.map_blocks(_variance_block, W, prior[:, None], drop_axis=1, dtype=np.float64,
                              meta=np.empty((0,)), L=L)
@@ -184,7 +222,7 @@ def gram_diag(cross: GramOperator) -> da.Array:
 
 def _variance_block(W: np.ndarray, prior: np.ndarray, *, L: np.ndarray) -> np.ndarray:
     """One test chunk: ``clip(prior − ‖L⁻¹ wᵢ‖², 0, prior)``; shape (n_i,)."""
-    V = sla.solve_triangular(L, W.T, lower=True)  # shape: (k, n_i)
+    V = sla.solve_triangular(L, W.T, lower=True)  # shape: (r + k, n_i)
     p = prior[:, 0]
     return np.clip(p - np.einsum("ij,ij->j", V, V), 0.0, p)
 
@@ -194,6 +232,8 @@ def _orthogonalise(Q: da.Array, w: da.Array) -> tuple[da.Array, np.ndarray]:
 
     Returns the persisted vector and the coefficients ``Qᵀw`` (first pass plus correction).
     """
+    if Q.shape[1] == 0:
+        return w, np.zeros(0)
     (h,) = dask.compute(Q.T @ w)
     (w,) = dask.persist(w - Q @ h)
     (h2,) = dask.compute(Q.T @ w)
@@ -218,13 +258,6 @@ def _start_vector(A: Any, b: Any) -> tuple[da.Array, float]:
     return q, float(norm)
 
 
-def _solution_residual(T: np.ndarray, beta: float) -> float:
-    """``‖b − A x_k‖ / ‖b‖ = β_k |e_kᵀ T⁻¹ e₁|`` for the Lanczos solution x_k."""
-    e1 = np.zeros(len(T))
-    e1[0] = 1.0
-    return float(beta * abs(np.linalg.solve(T, e1)[-1]))
-
-
 def _check_operator(A: Any) -> int:
     for attr in ("shape", "dtype", "matvec"):
         if not hasattr(A, attr):
@@ -234,3 +267,34 @@ def _check_operator(A: Any) -> int:
         raise ValueError(f"A must be square (n, n); got shape {A.shape}. Use "
                          "gram(kernel, X) + sigma2, not gram(kernel, X, Z).")
     return int(A.shape[0])
+
+
+def _augmentation(A: Any, preconditioner: Any,
+                  chunks: tuple[int, ...]) -> tuple[da.Array, np.ndarray]:
+    """The preconditioner's factor U (n, r), chunked as ``chunks``, and ``Uᵀ A U`` (r, r).
+
+    One matvec with r columns; U is (n, 0) without a preconditioner.
+    """
+    n = A.shape[0]
+    if preconditioner is None:
+        return da.zeros((n, 0), chunks=(chunks, 0)), np.zeros((0, 0))
+    U = getattr(preconditioner, "factor", None)
+    if not isinstance(U, da.Array) or U.ndim != 2 or U.shape[0] != n:
+        raise TypeError(f"preconditioner must be a dkern.solvers.NystromPreconditioner built on "
+                        f"the operator's {n} training rows (its factor is the (n, r) basis); got "
+                        f"{type(preconditioner).__name__} with factor "
+                        f"{getattr(U, 'shape', None)}.")
+    (U,) = dask.persist(U.astype(np.float64).rechunk((chunks, -1)))
+    (H0,) = dask.compute(U.T @ A.matvec(U).astype(np.float64))
+    H0 = (H0 + H0.T) / 2
+    for j in range(H0.shape[0]):
+        _check_positive(H0[j, j], j, "preconditioner column")
+    return U, H0
+
+
+def _galerkin_residual(A: Any, V: da.Array, H: np.ndarray, Vtq: np.ndarray,
+                       q0: da.Array) -> float:
+    """``‖q0 − A V H⁻¹ Vᵀ q0‖`` for the unit start vector q0 (one matvec)."""
+    x = V @ da.from_array(np.linalg.solve(H, Vtq)[:, None])
+    (res,) = dask.compute(da.sqrt(((q0 - A.matvec(x)) ** 2).sum()))
+    return float(res)
