@@ -17,6 +17,7 @@ import numpy as np
 from sklearn.utils.validation import validate_data
 
 from ..io import as_rows, is_lazy
+from ..kernels import Kernel
 
 
 def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
@@ -123,3 +124,13 @@ def as_generator(random_state: Any) -> np.random.Generator:
     except (TypeError, ValueError):
         raise ValueError(f"random_state must be None, an int, a numpy Generator or RandomState; "
                          f"got {random_state!r}.") from None
+
+
+def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
+    """``kernel``, or ``default`` for None; TypeError naming the fix for anything else."""
+    if kernel is None:
+        return default
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
+                        f"or None; got {type(kernel).__name__}.")
+    return kernel

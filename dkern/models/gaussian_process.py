@@ -28,6 +28,7 @@ from ._validation import (
     check_tol,
     check_X,
     check_y,
+    checked_kernel,
     finite_number,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
@@ -189,7 +190,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         -------
         self
         """
-        kernel = self._checked_kernel()
+        kernel = checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
+            self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
+                                constant_bounds="fixed"))
         solver, variance = self._checked_methods()
         tol = check_tol(self.tol)
         check_optimizer(self.optimizer, self.n_restarts_optimizer)
@@ -218,14 +221,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
         return self
-
-    def _checked_kernel(self) -> Kernel:
-        if self.kernel is None:  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
-            return Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"), constant_bounds="fixed")
-        if not isinstance(self.kernel, Kernel):
-            raise TypeError(f"kernel must be a dkern kernel such as 1.0 * dkern.kernels."
-                            f"Gaussian(1.0), or None; got {type(self.kernel).__name__}.")
-        return self.kernel
 
     def _checked_methods(self) -> tuple[str, str]:
         solver = check_choice(self.solver, "solver", SOLVERS)

@@ -18,7 +18,7 @@ from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..solvers import EXACT_MAX_N
 from . import _laplace
-from ._validation import check_choice, check_optional_int, check_tol, check_X
+from ._validation import check_choice, check_optional_int, check_tol, check_X, checked_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -247,12 +247,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
             raise ValueError(f"max_iter_predict must be an integer >= 1 (Newton steps), e.g. 100; "
                              f"got {steps!r}.")
-        if self.kernel is None:
-            return Gaussian(1.0)
-        if not isinstance(self.kernel, Kernel):
-            raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
-                            f"or None; got {type(self.kernel).__name__}.")
-        return self.kernel
+        return checked_kernel(self.kernel, Gaussian(1.0))
 
     def _check_classes(self) -> None:
         name = type(self).__name__

@@ -23,6 +23,7 @@ from ._validation import (
     check_tol,
     check_X,
     check_y,
+    checked_kernel,
 )
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         -------
         self
         """
-        kernel = self._checked_kernel()
+        kernel = checked_kernel(self.kernel, Gaussian(1.0))
         solver = check_choice(self.solver, "solver", SOLVERS)
         check_choice(self.centers, "centers", CENTERS)
         tol = check_tol(self.tol)
@@ -229,14 +230,6 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         return pred.compute() if isinstance(Xv, np.ndarray) else pred
 
     # ------------------------------------------------------------------ fitting
-    def _checked_kernel(self) -> Kernel:
-        if self.kernel is None:
-            return Gaussian(1.0)
-        if not isinstance(self.kernel, Kernel):
-            raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
-                            f"or None; got {type(self.kernel).__name__}.")
-        return self.kernel
-
     def _resolve_solver(self, solver: str, n: int) -> str:
         if solver == "auto":
             if self.n_centers is not None:

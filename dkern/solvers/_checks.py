@@ -30,3 +30,18 @@ def integer(value: Any, name: str, *, low: int = 1, high: int | None = None,
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {bounds}; got {value!r}.{hint}")
     return int(value)
+
+
+def square_operator(A: Any, shift: str) -> int:
+    """n for a square operator ``A`` (shape (n, n), dtype, matvec), else a clear error.
+
+    ``shift`` names the diagonal term in the suggested fix (``"alpha"``, ``"sigma2"``).
+    """
+    for attr in ("shape", "dtype", "matvec"):
+        if not hasattr(A, attr):
+            raise TypeError(f"A must be a dkern operator (e.g. dkern.gram(kernel, X) + {shift}) or "
+                            f"have shape, dtype and matvec; {type(A).__name__} has no {attr!r}.")
+    if len(A.shape) != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"A must be square (n, n); got shape {A.shape}. Use "
+                         f"gram(kernel, X) + {shift}, not gram(kernel, X, Z).")
+    return int(A.shape[0])

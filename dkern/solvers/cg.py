@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from ..errors import ConvergenceWarning
-from ._checks import integer, positive_number
+from ._checks import integer, positive_number, square_operator
 from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     DkernError
         When an inner product becomes NaN or infinite.
     """
-    n = _check_square(A)
+    n = square_operator(A, "alpha")
     dtype = np.dtype(A.dtype)
     Bd, one_column = _as_vectors(A, B, "B")
     max_iter = min(10 * n, 10_000) if max_iter is None else integer(max_iter, "max_iter")
@@ -136,17 +136,6 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
                 out.residuals[-1].max())
     x = out.x[:, 0] if one_column else out.x
     return CGResult(x, out.n_iter, out.residuals, out.converged)
-
-
-def _check_square(A: Any) -> int:
-    for attr in ("shape", "dtype", "matvec"):
-        if not hasattr(A, attr):
-            raise TypeError(f"A must be a dkern operator (e.g. dkern.gram(kernel, X) + alpha) or "
-                            f"have shape, dtype and matvec; {type(A).__name__} has no {attr!r}.")
-    if len(A.shape) != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"A must be square (n, n); got shape {A.shape}. CG solves square "
-                         "systems: use gram(kernel, X) + alpha, not gram(kernel, X, Z).")
-    return int(A.shape[0])
 
 
 def _as_vectors(A: Any, B: Any, name: str, like: da.Array | None = None) -> tuple[da.Array, bool]:

@@ -41,7 +41,7 @@ import scipy.linalg as sla
 
 from ..errors import NotPositiveDefiniteError
 from ..operators import GramOperator
-from ._checks import integer
+from ._checks import integer, square_operator
 from .preconditioners import NystromPreconditioner
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def lanczos_decomposition(A: Any, b: Any, rank: int, *,
     NotPositiveDefiniteError
         When ``vᵀAv <= 0`` for a basis vector (A is not positive definite).
     """
-    n = _check_operator(A)
+    n = square_operator(A, "sigma2")
     q0, b_norm = _start_vector(A, b)
     U, H0 = _augmentation(A, preconditioner, q0.chunks[0])
     r = U.shape[1]
@@ -256,17 +256,6 @@ def _start_vector(A: Any, b: Any) -> tuple[da.Array, float]:
                          f"{norm}. Centre y only if it is not constant, or use variance='cg'.")
     (q,) = dask.persist(bd / norm)
     return q, float(norm)
-
-
-def _check_operator(A: Any) -> int:
-    for attr in ("shape", "dtype", "matvec"):
-        if not hasattr(A, attr):
-            raise TypeError(f"A must be a dkern operator (e.g. dkern.gram(kernel, X) + sigma2) or "
-                            f"have shape, dtype and matvec; {type(A).__name__} has no {attr!r}.")
-    if len(A.shape) != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"A must be square (n, n); got shape {A.shape}. Use "
-                         "gram(kernel, X) + sigma2, not gram(kernel, X, Z).")
-    return int(A.shape[0])
 
 
 def _augmentation(A: Any, preconditioner: Any,
