@@ -200,7 +200,7 @@ def test_demo_without_a_store_leaves_no_files_behind(capsys, tmp_path, monkeypat
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the demo's folder goes
     code, out, _ = run(capsys, "demo", "--n", "2000", "--n-test", "200", "--d", "2",
-                       "--centers", "50", "--workers", "1", "--json")
+                       "--centers", "50", "--lengthscale", "0.5", "--workers", "1", "--json")
     assert code == 0 and "removed" in json.loads(out)["store"]
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("dkern-demo-")]
     assert left == []  # it left a 15 MB store per run
