@@ -80,14 +80,17 @@ def finite_number(value: Any) -> float | None:
     return float(value)
 
 
-def check_alpha(alpha: Any, solver: str) -> float:
-    """``alpha`` as a float: > 0 for the iterative solvers, >= 0 for exact (as scikit-learn)."""
+def check_alpha(alpha: Any, solver: str, *,
+                role: str = "the ridge penalty added to the Gram diagonal",
+                example: str = "1e-3") -> float:
+    """``alpha`` as a float: > 0 for the iterative solvers, >= 0 for exact (as scikit-learn).
+
+    ``role`` says in the message what alpha is to this estimator."""
     value = finite_number(alpha)
     if value is None or value < 0 or (value == 0 and solver != "exact"):
         bound = ">= 0" if solver == "exact" else "> 0"
-        raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} (the ridge "
-                         f"penalty added to the Gram diagonal); got {alpha!r}. Use e.g. "
-                         "alpha=1e-3.")
+        raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} ({role}); "
+                         f"got {alpha!r}. Use e.g. alpha={example}.")
     return value
 
 

@@ -23,13 +23,13 @@ from ._gp_cg import cg_covariance, cg_variance
 from ._gp_optimize import check_optimizer, optimize
 from ._validation import (
     as_generator,
+    check_alpha,
     check_choice,
     check_optional_int,
     check_tol,
     check_X,
     check_y,
     checked_kernel,
-    finite_number,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
 
@@ -263,13 +263,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if np.ndim(self.alpha) != 0:
             raise ValueError(f"alpha must be one number (the noise variance added to every "
                              f"diagonal entry); got an array of shape {np.shape(self.alpha)}.")
-        value = finite_number(self.alpha)
-        if value is None or value < 0 or (value == 0 and solver != "exact"):
-            bound = ">= 0" if solver == "exact" else "> 0"
-            raise ValueError(f"alpha must be a finite number {bound} for solver={solver!r} (the "
-                             f"noise variance added to the diagonal); got {self.alpha!r}. Use "
-                             "e.g. alpha=1e-6.")
-        return value
+        return check_alpha(self.alpha, solver, role="the noise variance added to the diagonal",
+                           example="1e-6")
 
     def _normalized(self, y: Any) -> Any:
         y = y if y.dtype == np.float64 else y.astype(np.float64)
