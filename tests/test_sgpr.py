@@ -10,6 +10,7 @@ from scipy.stats import multivariate_normal
 
 from dkern.errors import NotPositiveDefiniteError
 from dkern.kernels import Gaussian
+from dkern.solvers import sgpr
 from dkern.solvers.sgpr import (
     sgpr_bound,
     sgpr_bound_gradient,
@@ -83,6 +84,21 @@ def test_subset_of_centres_matches_the_dense_titsias_formulas():
     assert np.max(np.abs(m - mean)) <= 1e-8 * np.max(np.abs(mean))
     assert np.max(np.abs(v - var)) <= 1e-8 * 1.5
     assert np.all(v >= 0) and np.all(v <= KERNEL.diag(X_TEST))
+
+
+@pytest.mark.parametrize("n_centers", [21, 20])
+def test_statistics_equal_the_dense_whitened_sums_over_many_tiles(n_centers, monkeypatch):
+    """Tiles of 256 rows (several per chunk) and an odd M: the lower block triangle each
+    chunk forms, mirrored, is P = L⁻¹ K_un K_nu L⁻ᵀ, exactly symmetric."""
+    monkeypatch.setattr(sgpr, "WHITENING_TILE_BYTES", 1)  # the 256-row floor
+    Xl = np.repeat(X, 4, axis=0)  # 600 rows: 3 tiles in a chunk of 600
+    Yl = np.repeat(Y, 4)
+    Z = X[:n_centers]
+    stats = sgpr_statistics(KERNEL, chunked(Xl, 600), Yl, Z)
+    A = sla.solve_triangular(stats.L, KERNEL(Z, Xl), lower=True)
+    np.testing.assert_allclose(stats.P, A @ A.T, rtol=1e-12, atol=1e-12 * np.abs(stats.P).max())
+    np.testing.assert_array_equal(stats.P, stats.P.T)
+    np.testing.assert_allclose(stats.b[:, 0], A @ Yl, rtol=1e-12, atol=1e-12)
 
 
 def test_variances_stay_in_zero_to_prior_when_nystrom_is_nearly_exact():

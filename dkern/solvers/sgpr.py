@@ -55,6 +55,9 @@ from ._checks import positive_number
 
 logger = logging.getLogger(__name__)
 
+#: Bytes of one tile of ``L⁻¹ k(Z, x)`` in the statistics and prediction passes.
+WHITENING_TILE_BYTES = 32 * 2**20
+
 
 @dataclass(frozen=True)
 class SGPRStatistics:
@@ -124,22 +127,43 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
     trace = GramOperator(kernel, Xd, None, "numpy").diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
     logger.info("SGPR statistics: %d rows, %d centres, %d target column(s)", Xd.shape[0], M, t)
-    return SGPRStatistics(kernel, Z, L, sums[:, :M], sums[:, M:], np.asarray(yty), float(trace),
-                          int(Xd.shape[0]), jitter)
+    return SGPRStatistics(kernel, Z, L, _mirrored(sums[:, :M]), sums[:, M:], np.asarray(yty),
+                          float(trace), int(Xd.shape[0]), jitter)
 
 
 def statistics_block(x: np.ndarray, z: np.ndarray, y: np.ndarray, L: np.ndarray, *,
                      kernel: Kernel) -> np.ndarray:
-    """One row chunk: ``[A Aᵀ, A y]`` with ``A = L⁻¹ k(z, x)``, tile by tile; shape (M, M + t)."""
+    """One row chunk: ``[A Aᵀ, A y]`` with ``A = L⁻¹ k(z, x)``, tile by tile; shape (M, M + t).
+
+    Only the lower block triangle of ``A Aᵀ`` is formed (three of its four M/2 × M/2
+    blocks); :func:`sgpr_statistics` mirrors it once the chunks are summed.
+    """
     M = len(z)
+    h = M // 2
     out = np.zeros((M, M + y.shape[1]))
-    rows = max(1, TILE_BYTES // (8 * M))
+    rows = _whitening_rows(M)
     with single_threaded_blas():
         for i0 in range(0, len(x), rows):
-            A = sla.solve_triangular(L, kernel(x[i0:i0 + rows], z).T, lower=True)  # (M, tile)
-            out[:, :M] += A @ A.T
+            kzx = np.asarray(kernel(x[i0:i0 + rows], z), dtype=np.float64).T
+            A = sla.solve_triangular(L, kzx, lower=True, check_finite=False)  # shape: (M, tile)
+            out[:h, :h] += A[:h] @ A[:h].T
+            out[h:, :M] += A[h:] @ A.T
             out[:, M:] += A @ y[i0:i0 + rows]
     return out
+
+
+def _whitening_rows(M: int) -> int:
+    """Rows per tile of the whitening solve and the M × M update: the per-row cost is
+    the same at any tile, but BLAS runs near its peak only with a few thousand
+    right-hand sides (the 4 MiB kernel tiles give a few hundred at M = 2,000)."""
+    return max(256, WHITENING_TILE_BYTES // (8 * M))
+
+
+def _mirrored(lower_blocks: np.ndarray) -> np.ndarray:
+    """The symmetric M × M matrix whose lower triangle is that of :func:`statistics_block`'s
+    lower block triangle (exactly symmetric, as the Cholesky factorisations need)."""
+    lower = np.tril(lower_blocks)
+    return lower + np.tril(lower, -1).T
 
 
 def sgpr_bound(stats: SGPRStatistics, sigma2: float) -> float:
@@ -203,12 +227,13 @@ def predict_block(x: np.ndarray, z: np.ndarray, factors: np.ndarray, *,
     M = len(z)
     L, LB, c = factors[:, :M], factors[:, M:2 * M], factors[:, 2 * M:]
     out = np.empty((len(x), c.shape[1] + 1))
-    rows = max(1, TILE_BYTES // (8 * M))
+    rows = _whitening_rows(M)
     with single_threaded_blas():
         for i0 in range(0, len(x), rows):
             xt = x[i0:i0 + rows]
-            a = sla.solve_triangular(L, kernel(xt, z).T, lower=True)  # shape: (M, tile)
-            aB = sla.solve_triangular(LB, a, lower=True)
+            kzx = np.asarray(kernel(xt, z), dtype=np.float64).T
+            a = sla.solve_triangular(L, kzx, lower=True, check_finite=False)  # shape: (M, tile)
+            aB = sla.solve_triangular(LB, a, lower=True, check_finite=False)
             prior = kernel.diag(xt)
             nystrom_gap = np.maximum(prior - np.einsum("ij,ij->j", a, a), 0.0)
             out[i0:i0 + rows, :-1] = aB.T @ c
