@@ -23,6 +23,13 @@ import numpy as np
 from distributed import KilledWorker
 
 from . import __version__
+from ._cli_gp import (
+    check_model_options,
+    gp_model,
+    refuse_taken,
+    std_path,
+    write_gp_predictions,
+)
 from .errors import DkernError
 
 logger = logging.getLogger("dkern")
@@ -62,35 +69,61 @@ def _make_data(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fit(args: argparse.Namespace) -> dict[str, Any]:
-    from . import KernelRidge, save
-    from .kernels import from_repr
+    from . import save
     from .models.persist import check_can_save
 
+    check_model_options(args)
     check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
-    model = KernelRidge(from_repr(args.kernel), alpha=args.alpha, solver=args.solver,
-                        n_centers=args.centers, centers=args.center_method, tol=args.tol,
-                        max_iter=args.max_iter, backend=args.backend, random_state=args.seed,
-                        verbose=not (args.quiet or args.json))
+    model = gp_model(args) if args.model_type == "gp" else _krr_model(args)
     with _client(args):
         start = time.perf_counter()
         model.fit((args.data, args.x), (args.data, args.y))
         fit_s = time.perf_counter() - start
         save(model, args.model, overwrite=args.overwrite)
-    return {"model": args.model, "kernel": repr(model.kernel_), "solver": model.solver_,
-            "n_iter": model.n_iter_, "converged": model.converged_, "fit_s": round(fit_s, 2)}
+    report = {"model": args.model, "model_type": args.model_type,
+              "kernel": repr(model.kernel_), "solver": model.solver_,
+              "n_iter": model.n_iter_, "converged": model.converged_, "fit_s": round(fit_s, 2)}
+    if args.model_type == "gp":  # NaN (not computed above EXACT_MAX_N rows) is JSON null
+        lml = float(model.log_marginal_likelihood_value_)
+        report["log_marginal_likelihood"] = None if np.isnan(lml) else lml
+    return report
+
+
+def _krr_model(args: argparse.Namespace) -> Any:
+    from . import KernelRidge
+    from .kernels import from_repr
+
+    return KernelRidge(from_repr(args.kernel), alpha=args.alpha, solver=args.solver,
+                       n_centers=args.centers, centers=args.center_method or "uniform",
+                       tol=args.tol, max_iter=args.max_iter, backend=args.backend,
+                       random_state=args.seed, verbose=not (args.quiet or args.json))
 
 
 def _predict(args: argparse.Namespace) -> dict[str, Any]:
-    from . import load
+    from . import GaussianProcessRegressor, load
 
+    std_out = std_path(args)  # usage errors before the model is read
     model = load(args.model)
+    is_gp = isinstance(model, GaussianProcessRegressor)
+    if std_out is not None and not is_gp:
+        raise ValueError(f"--std: the model {args.model!r} is a {type(model).__name__}, which "
+                         "has no predictive variance; fit a Gaussian process (dkern fit "
+                         "--model-type gp), or drop --std.")
     if args.y:
         _check_truth(model, args)  # before any work: a failed --y leaves the store untouched
+    if is_gp:
+        refuse_taken(args, std_out)
     with _client(args):
         start = time.perf_counter()
-        model.predict((args.data, args.x), out=(args.data, args.out), overwrite=args.overwrite)
+        if is_gp:
+            write_gp_predictions(model, args, std_out)
+        else:
+            model.predict((args.data, args.x), out=(args.data, args.out),
+                          overwrite=args.overwrite)
         report = {"model": args.model, "out": f"{args.data}::{args.out}",
                   "predict_s": round(time.perf_counter() - start, 2)}
+        if std_out is not None:
+            report["std_out"] = f"{args.data}::{std_out}"
         if args.y:
             report["rmse"] = _rmse(args.data, args.out, args.y)
     return report
@@ -100,7 +133,8 @@ def _check_truth(model: Any, args: argparse.Namespace) -> None:
     """Refuse a ``--y`` whose shape is not that of the predictions for ``--x``."""
     from .io import open_array
 
-    want = (open_array(args.data, args.x).shape[0], *model.dual_coef_.shape[1:])
+    coef = model.dual_coef_ if hasattr(model, "dual_coef_") else model.alpha_  # KRR or GP
+    want = (open_array(args.data, args.x).shape[0], *coef.shape[1:])
     got = open_array(args.data, args.y).shape
     if got != want:
         raise ValueError(f"--y {args.y!r} has shape {got}, but the predictions for --x "
@@ -219,11 +253,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _solver_arguments(parser: argparse.ArgumentParser, *, tol: float) -> None:
+def _solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
+                      alpha_help: str = "ridge penalty, (K + alpha I)") -> None:
     """--alpha, --tol and --backend, added to each command that solves. Each parser gets
     its own actions: with a shared parent parser, one command's default changed the
     other's (demo's tol=1e-3 became fit's)."""
-    parser.add_argument("--alpha", type=float, default=1e-3, help="ridge penalty, (K + alpha I)")
+    parser.add_argument("--alpha", type=float, default=1e-3, help=alpha_help)
     parser.add_argument("--tol", type=float, default=tol, help="relative residual to reach")
     parser.add_argument("--backend", choices=["auto", "numpy", "keops"], default="auto")
 
@@ -258,8 +293,13 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--overwrite", action="store_true", help="replace arrays already there")
     make.set_defaults(run=_make_data)
     fit = sub.add_parser("fit", parents=[common, cluster],
-                         help="fit kernel ridge regression on arrays of a Zarr store")
-    _solver_arguments(fit, tol=1e-6)
+                         help="fit kernel ridge regression or a Gaussian process on arrays of "
+                              "a Zarr store")
+    fit.add_argument("--model-type", choices=["krr", "gp"], default="krr",
+                     help="krr: dkern.KernelRidge; gp: dkern.GaussianProcessRegressor (its "
+                          "model file gives `dkern predict --std`)")
+    _solver_arguments(fit, tol=1e-6, alpha_help="krr: the ridge penalty, (K + alpha I) c = y; "
+                      "gp: the noise variance added to the diagonal (scikit-learn's alpha)")
     fit.add_argument("--data", required=True, help="store path or fsspec URL")
     fit.add_argument("--x", required=True, help="array of training rows (n, d)")
     fit.add_argument("--y", required=True, help="array of targets (n,) or (n, t)")
@@ -269,16 +309,25 @@ def _parser() -> argparse.ArgumentParser:
                      help="auto: exact (dense Cholesky) up to dkern.solvers.EXACT_MAX_N rows, "
                           "preconditioned CG above (the same model, to --tol; each iteration "
                           "is a pass over n^2 kernel values); nystrom only if asked for or "
-                          "--centers is given")
+                          "--centers is given (for gp: the sparse GP of Titsias on the "
+                          "centres)")
     fit.add_argument("--centers", type=_positive_int, default=None,
                      help="Nystrom centres M (default: sqrt(n)); with --solver auto, "
                           "selects nystrom")
-    fit.add_argument("--center-method", choices=["uniform", "leverage"], default="uniform")
-    fit.add_argument("--max-iter", type=_positive_int, default=None)
+    fit.add_argument("--center-method", choices=["uniform", "leverage"], default=None,
+                     help="krr only (default uniform)")
+    fit.add_argument("--max-iter", type=_positive_int, default=None, help="krr only")
+    fit.add_argument("--optimizer", choices=["none", "lbfgs"], default=None,
+                     help="gp only. none (default): --kernel's hyperparameters are used as "
+                          "given, as for krr, and the fit is one solve of predictable cost; "
+                          "lbfgs: maximise the log marginal likelihood over them within their "
+                          "bounds first (exact, for n <= dkern.solvers.EXACT_MAX_N, with "
+                          "solver exact/cg; the sparse GP's bound with nystrom, two passes "
+                          "over the data per step, often dozens of steps)")
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--model", required=True, help="where to save the model (a Zarr group)")
     fit.add_argument("--overwrite", action="store_true", help="replace a model already there")
-    fit.set_defaults(run=_fit)
+    fit.set_defaults(run=_fit, usage_error=fit.error)
     predict = sub.add_parser("predict", parents=[common, cluster],
                              help="predict with a saved model, writing to the store")
     predict.add_argument("--model", required=True)
@@ -288,7 +337,14 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--overwrite", action="store_true",
                          help="replace an array already named --out")
     predict.add_argument("--y", default=None, help="array of true values: report the RMSE")
-    predict.set_defaults(run=_predict)
+    predict.add_argument("--std", action="store_true",
+                         help="gp models only: also write the posterior standard deviation "
+                              "(latent: the noise alpha not included, as scikit-learn's "
+                              "return_std)")
+    predict.add_argument("--std-out", default=None,
+                         help="with --std: the array for it, in --out's group (default "
+                              "<out>_std); mean and std are published together, atomically")
+    predict.set_defaults(run=_predict, usage_error=predict.error)
     demo = sub.add_parser("demo", parents=[common, cluster],
                           help="make a store, fit Nystrom KRR, predict to the store, report")
     # tol 1e-3: the demo's test RMSE is that of a tight fit, in a fraction of the time

@@ -337,3 +337,93 @@ def test_embedded_cluster_workers_get_the_malloc_settings():
     assert list(env.values()) == [WORKER_MALLOC_ENV]
     # scoped to the cluster's creation: the user's Dask config is left as it was
     assert "MALLOC_MMAP_THRESHOLD_" not in dask.config.get("distributed.nanny.pre-spawn-environ")
+
+
+@pytest.fixture
+def gp_store(tmp_path):
+    """A store with 500 training rows (X, y) and 200 test rows (X_test, y_test) in 2-d."""
+    rng = np.random.default_rng(1)
+    X, X_test = rng.uniform(-2, 2, (500, 2)), rng.uniform(-2, 2, (200, 2))
+    y = np.sin(2 * X[:, 0]) * X[:, 1] + 0.1 * rng.normal(size=500)
+    y_test = np.sin(2 * X_test[:, 0]) * X_test[:, 1]
+    store = str(tmp_path / "gp.zarr")
+    write_arrays(store, {"X": X, "y": y, "X_test": X_test, "y_test": y_test}, chunk_rows=128)
+    return store, (X, y, X_test, y_test)
+
+
+@pytest.mark.distributed
+def test_gp_fit_and_predict_std_equal_the_same_model_fitted_in_python(capsys, tmp_path,
+                                                                     gp_store):
+    from sklearn.gaussian_process import GaussianProcessRegressor as SkGP
+    from sklearn.gaussian_process import kernels as sk
+
+    from dkern.kernels import from_repr
+
+    store, (X, y, X_test, y_test) = gp_store
+    model = str(tmp_path / "gp-model.zarr")
+    code, out, _ = run(capsys, "fit", "--model-type", "gp", "--data", store, "--x", "X", "--y",
+                       "y", "--kernel", "1.0 * Gaussian(lengthscale=1.0)", "--alpha", "0.01",
+                       "--optimizer", "lbfgs", "--model", model, "--workers", "1", "--json")
+    report = json.loads(out)
+    assert code == 0 and (report["model_type"], report["solver"]) == ("gp", "exact")
+    # the optimizer ran: the same fit in Python learns the same hyperparameters
+    learned = from_repr(report["kernel"])
+    python = dkern.GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=0.01, optimizer="lbfgs",
+                                            random_state=0).fit(X, y)
+    np.testing.assert_allclose(learned.theta, python.kernel_.theta, rtol=1e-6)
+    assert not np.allclose(learned.theta, 0.0)  # it moved from the start (1.0, 1.0)
+    code, out, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--std", "--y", "y_test", "--workers", "1", "--json")
+    assert code == 0 and json.loads(out)["std_out"] == f"{store}::pred_std"
+    mean, std = (open_array(store, name).compute() for name in ("pred", "pred_std"))
+    # the model the command saved, refitted in Python with its kernel: mean and std agree
+    same = dkern.GaussianProcessRegressor(learned, alpha=0.01, optimizer=None).fit(X, y)
+    want_mean, want_std = same.predict(X_test, return_std=True)
+    np.testing.assert_allclose(mean, want_mean, rtol=0, atol=1e-10 * np.abs(want_mean).max())
+    np.testing.assert_allclose(std, want_std, rtol=0, atol=1e-10 * want_std.max())
+    # and scikit-learn's GP with those hyperparameters (an independent implementation)
+    c, ell = np.exp(learned.theta)
+    sk_mean, sk_std = SkGP(sk.ConstantKernel(c) * sk.RBF(ell), alpha=0.01,
+                           optimizer=None).fit(X, y).predict(X_test, return_std=True)
+    np.testing.assert_allclose(mean, sk_mean, rtol=0, atol=1e-8 * np.abs(sk_mean).max())
+    np.testing.assert_allclose(std, sk_std, rtol=0, atol=1e-8 * sk_std.max())
+    assert json.loads(out)["rmse"] == pytest.approx(np.sqrt(np.mean((mean - y_test) ** 2)),
+                                                    rel=1e-12)
+    code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--std", "--workers", "1")
+    assert code == 1 and "['pred', 'pred_std']" in err and "pass --overwrite" in err
+    np.testing.assert_array_equal(open_array(store, "pred_std").compute(), std)  # untouched
+
+
+FIT = ["fit", "--data", "d.zarr", "--x", "X", "--y", "y", "--model", "m.zarr"]
+PREDICT = ["predict", "--model", "m.zarr", "--data", "d.zarr", "--x", "X", "--out", "p/mean"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([*FIT, "--optimizer", "lbfgs"], "--optimizer applies to --model-type gp only, not krr"),
+    ([*FIT, "--model-type", "gp", "--max-iter", "5"], "--max-iter applies to --model-type krr"),
+    ([*FIT, "--model-type", "gp", "--center-method", "leverage"],
+     "--center-method applies to --model-type krr only, not gp"),
+    ([*FIT, "--model-type", "svm"], "argument --model-type: invalid choice: 'svm'"),
+    ([*FIT, "--model-type", "gp", "--optimizer", "adam"], "argument --optimizer: invalid choice"),
+    ([*PREDICT, "--std-out", "p/std"], "--std-out names the array of standard deviations; add "
+                                       "--std"),
+    ([*PREDICT, "--std", "--std-out", "q/std"], "--std-out 'q/std' must be another array of "
+                                                "the group of --out ('p')"),
+    ([*PREDICT, "--std", "--std-out", "p/mean"], "must be another array of the group of --out"),
+], ids=["optimizer-krr", "max-iter-gp", "center-method-gp", "bad-type", "bad-optimizer",
+        "std-out-alone", "std-out-elsewhere", "std-out-is-out"])
+def test_options_of_the_other_model_type_are_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_std_of_a_kernel_ridge_model_is_refused_before_writing(capsys, saved_model):
+    store, model = saved_model
+    code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--std", "--workers", "1")
+    assert code == 1
+    assert "--std: the model" in err and "is a KernelRidge, which has no predictive variance" \
+        in err and "--model-type gp" in err
+    assert "pred" not in list_arrays(store)

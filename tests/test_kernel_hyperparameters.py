@@ -15,6 +15,7 @@ from dkern.kernels import (
     Laplacian,
     Linear,
     Matern,
+    Periodic,
     Polynomial,
     Scaled,
     exp,
@@ -40,6 +41,8 @@ KERNELS = [
     exp(0.4 * Matern(1.0, nu=2.5)), warp(1.5 * Gaussian(0.9), _weight),
     Polynomial(2, 1.0) * Gaussian(2.0) + 0.1 * Linear(),
     Scaled(2.0, Gaussian([1.0, 2.0, 3.0], lengthscale_bounds="fixed")),
+    Periodic(0.8, 1.7), Periodic(1.2, 0.9, period_bounds="fixed"),
+    0.5 * Periodic(1.0, 2.0) * Gaussian(3.0) + Gaussian(0.4),
 ]
 IDS = [repr(k)[:50] for k in KERNELS]
 
@@ -103,6 +106,38 @@ def test_matches_sklearn_eval_gradient(ours, theirs):
     np.testing.assert_allclose(ours.gradient(X[:4], X), G[:4], rtol=1e-8, atol=1e-14)
 
 
+# scikit-learn's ExpSineSquared alone and composed as in its Mauna Loa CO2 example; rows far
+# from the origin (years) as in a time series, where a phase error would show.
+PERIODIC_PAIRS = [
+    (Periodic(0.8, 1.7), sk.ExpSineSquared(0.8, 1.7)),
+    (Periodic(1.3, 1.0, lengthscale_bounds=(1e-2, 1e2), period_bounds=(0.5, 2.0)),
+     sk.ExpSineSquared(1.3, 1.0, length_scale_bounds=(1e-2, 1e2),
+                       periodicity_bounds=(0.5, 2.0))),
+    (2.5 * Periodic(0.8, 1.7) * Gaussian(3.0),
+     sk.ConstantKernel(2.5) * sk.ExpSineSquared(0.8, 1.7) * sk.RBF(3.0)),
+    (Gaussian(0.6) + 0.3 * Periodic(1.1, 0.9) + 0.2 * Gaussian(1.5),
+     sk.RBF(0.6) + sk.ConstantKernel(0.3) * sk.ExpSineSquared(1.1, 0.9)
+     + sk.ConstantKernel(0.2) * sk.RBF(1.5)),
+]
+YEARS = 1990.0 + RNG.uniform(0.0, 30.0, size=(40, 1))
+
+
+@pytest.mark.parametrize("rows", [X, YEARS], ids=["3-d", "years"])
+@pytest.mark.parametrize(("ours", "theirs"), PERIODIC_PAIRS,
+                         ids=[repr(t)[:50] for _, t in PERIODIC_PAIRS])
+def test_periodic_matches_sklearn_exp_sine_squared(ours, theirs, rows):
+    K, G = theirs(rows, eval_gradient=True)
+    np.testing.assert_allclose(ours.theta, theirs.theta, rtol=1e-14)
+    np.testing.assert_allclose(ours.bounds, theirs.bounds, rtol=1e-14)
+    np.testing.assert_allclose(ours(rows), K, rtol=1e-12, atol=1e-12 * np.abs(K).max())
+    np.testing.assert_allclose(ours.gradient(rows), G, rtol=1e-12, atol=1e-12 * np.abs(G).max())
+    np.testing.assert_allclose(ours.diag(rows), theirs.diag(rows), rtol=1e-15)
+    np.testing.assert_allclose(ours.diag_gradient(rows), np.einsum("iip->ip", G), atol=1e-15)
+    back = from_repr(repr(ours))
+    assert back == ours and repr(back) == repr(ours)
+    np.testing.assert_array_equal(back.bounds, ours.bounds)
+
+
 def test_names_theta_bounds_and_with_theta():
     k = 2.0 * Gaussian([0.5, 4.0], lengthscale_bounds=(1e-2, 1e2)) + Matern(1.0, nu=0.5)
     assert k.hyperparameter_names == ["k1__constant", "k1__kernel__lengthscale[0]",
@@ -127,6 +162,7 @@ def test_default_bounds_keep_reprs_unchanged():
 
 @pytest.mark.parametrize("kernel", [
     Gaussian([0.5, 2.0], lengthscale_bounds=(0.1, 10.0)),
+    Periodic(0.7, 1.0, lengthscale_bounds=(0.1, 10.0), period_bounds="fixed"),
     Scaled(2.0, Laplacian(1.0, lengthscale_bounds="fixed"), constant_bounds=(1e-3, 1e3)),
     Scaled(1.5, Matern(1.0, nu=0.5) * Gaussian(2.0), constant_bounds="fixed") + Linear(),
 ])

@@ -36,6 +36,7 @@ LEAVES = [
      * np.exp(-np.sqrt(5) * _r(A, B, 1.2))),
     (K.Linear(), lambda A, B: A @ B.T),
     (K.Polynomial(3, c=0.5), lambda A, B: (A @ B.T + 0.5) ** 3),
+    (K.Periodic(0.9, 2.5), lambda A, B: np.exp(-2 * np.sin(np.pi * _r(A, B) / 2.5) ** 2 / 0.81)),
 ]
 G = LEAVES[0][1]
 LIN = LEAVES[6][1]
@@ -228,6 +229,9 @@ def test_sklearn_clone_keeps_params():
     (lambda: K.Polynomial(2, c=-1.0), "c must be a finite number >= 0"),
     (lambda: K.Polynomial(0), "degree must be an integer >= 1"),
     (lambda: K.Gaussian() ** 0, "power must be an integer >= 1"),
+    (lambda: K.Periodic(period=0.0), "Periodic: period must be > 0"),
+    (lambda: K.Periodic(lengthscale=[1.0, 2.0]), "lengthscale must be one number"),
+    (lambda: K.Periodic(period_bounds=(2.0, 1.0)), "period_bounds must be a pair"),
 ])
 def test_bad_parameters_raise_value_error(make, match):
     with pytest.raises(ValueError, match=match):
@@ -238,6 +242,7 @@ def test_bad_parameters_raise_value_error(make, match):
     (lambda: K.Gaussian() ** 1.5, "power must be an integer"),
     (lambda: K.Polynomial(2.5), "degree must be an integer"),
     (lambda: K.Gaussian("wide"), "lengthscale must be a positive number"),
+    (lambda: K.Periodic(period="year"), "period must be a positive number"),
     (lambda: K.warp(K.Gaussian(), 3.0), "f must be a function"),
     (lambda: K.exp("Gaussian"), "kernel must be a dkern kernel"),
 ])

@@ -1,6 +1,7 @@
 """What ``k(x, x')`` is: kernels, their dense blocks, KeOps formulas and algebra.
 
-Kernels compose: ``c * k``, ``k1 + k2``, ``k1 * k2``, ``k ** p``, ``exp(k)``,
+Kernels: ``Gaussian`` (``RBF``), ``Laplacian``, ``Matern``, ``Periodic``, ``Linear``,
+``Polynomial``. They compose: ``c * k``, ``k1 + k2``, ``k1 * k2``, ``k ** p``, ``exp(k)``,
 ``warp(k, f)``. ``from_repr`` turns a kernel's ``repr`` back into the kernel.
 """
 
@@ -13,12 +14,13 @@ from typing import Any
 from .algebra import MAX_DEPTH, Exp, Power, Product, Scaled, Sum, Warp, exp, warp
 from .base import DEFAULT_BOUNDS, FIXED, Kernel, check_n_features
 from .dot import Linear, Polynomial
+from .periodic import Periodic
 from .psd import PSDReport, check_psd
 from .stationary import RBF, Gaussian, Laplacian, Matern
 
 __all__ = [
     "DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "RBF", "Exp", "Gaussian", "Kernel", "Laplacian",
-    "Linear", "Matern", "PSDReport",
+    "Linear", "Matern", "PSDReport", "Periodic",
     "Polynomial", "Power", "Product", "Scaled", "Sum", "Warp", "check_n_features", "check_psd",
     "exp", "from_repr", "warp",
 ]
