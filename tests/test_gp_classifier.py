@@ -14,7 +14,7 @@ import dkern
 from dkern import GaussianProcessClassifier
 from dkern.errors import ConvergenceWarning
 from dkern.kernels import Gaussian
-from dkern.models import _laplace, gp_classifier
+from dkern.models import _laplace, _laplace_evidence, gp_classifier
 
 
 def _standardised(loader):
@@ -354,6 +354,23 @@ def test_start_outside_the_bounds_refused():
     with pytest.raises(ValueError, match=r"lengthscale = 5 lies outside its bounds \(0.1, 1\)"):
         GaussianProcessClassifier(Gaussian(5.0, lengthscale_bounds=(0.1, 1.0))).fit(X_SMALL,
                                                                                    Y_SMALL)
+
+
+def test_optimizer_failure_warns_and_keeps_the_best_value_found(monkeypatch):
+    """A gradient that contradicts the value (here: its sign flipped) stops L-BFGS-B's line
+    search: a warning with the best value, and a finite LML of the kernel kept, never NaN."""
+    exact = _laplace_evidence.log_evidence
+
+    def wrong_gradient(*args):
+        value, grad = exact(*args)
+        return value, -grad
+
+    monkeypatch.setattr(_laplace_evidence, "log_evidence", wrong_gradient)
+    with pytest.warns(ConvergenceWarning, match="L-BFGS-B stopped without converging"):
+        model = GaussianProcessClassifier(3.0 * Gaussian(4.0)).fit(X_SMALL, Y_SMALL)
+    assert np.isfinite(model.log_marginal_likelihood_value_)
+    assert model.log_marginal_likelihood_value_ == pytest.approx(
+        exact(model.kernel_, X_SMALL, Y_SMALL.astype(float), 100, False)[0], rel=1e-12)
 
 
 def test_newton_cap_warns():
