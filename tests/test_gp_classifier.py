@@ -14,7 +14,7 @@ import dkern
 from dkern import GaussianProcessClassifier
 from dkern.errors import ConvergenceWarning
 from dkern.kernels import Gaussian
-from dkern.models import _laplace, gp_classifier
+from dkern.models import _laplace, _laplace_evidence, gp_classifier
 
 
 def _standardised(loader):
@@ -40,7 +40,7 @@ KERNELS = {
 def binary_pair(request):
     """dkern's and scikit-learn's classifiers fitted on the same breast cancer rows."""
     ours, theirs = KERNELS[request.param]
-    return (GaussianProcessClassifier(ours).fit(X_TRAIN, Y_TRAIN),
+    return (GaussianProcessClassifier(ours, optimizer=None).fit(X_TRAIN, Y_TRAIN),
             SklearnGPC(theirs, optimizer=None).fit(X_TRAIN, Y_TRAIN))
 
 
@@ -63,7 +63,8 @@ def test_probit_option_is_the_probit_formula_on_sklearns_latents(binary_pair):
     latent_mean_and_variance as the reference), and differs from the erf-sum by < 1e-2."""
     model, ref = binary_pair
     mean, var = ref.latent_mean_and_variance(X_TEST)
-    probit = GaussianProcessClassifier(model.kernel, probabilities="probit").fit(X_TRAIN, Y_TRAIN)
+    probit = GaussianProcessClassifier(model.kernel, optimizer=None,
+                                       probabilities="probit").fit(X_TRAIN, Y_TRAIN)
     got = probit.predict_proba(X_TEST)[:, 1]
     np.testing.assert_allclose(got, expit(mean / np.sqrt(1 + np.pi * var / 8)), atol=1e-6)
     assert np.abs(got - model.predict_proba(X_TEST)[:, 1]).max() < 1e-2  # measured 7e-3
@@ -81,7 +82,7 @@ def test_erf_sum_approximates_the_logistic_gaussian_integral(mean, var):
 
 def test_one_vs_rest_matches_sklearn_on_wine():
     X, y, X_new = X_WINE[:120], Y_WINE[:120], X_WINE[120:]
-    model = GaussianProcessClassifier(2.0 * Gaussian(3.0)).fit(X, y)
+    model = GaussianProcessClassifier(2.0 * Gaussian(3.0), optimizer=None).fit(X, y)
     ref = SklearnGPC(ConstantKernel(2.0, "fixed") * RBF(3.0, "fixed"), optimizer=None).fit(X, y)
     P = model.predict_proba(X_new)
     assert P.shape == (58, 3) and model.pi_.shape == (120, 3) and model.n_iter_.shape == (3,)
@@ -93,32 +94,137 @@ def test_one_vs_rest_matches_sklearn_on_wine():
 
 
 @pytest.mark.usefixtures("sync_scheduler")
-def test_cg_gives_the_exact_probabilities(monkeypatch):
-    """Above the dense limit (lowered here to 100 rows) "auto" runs the Newton and variance
-    solves by CG on the lazy B: the same probabilities as the dense path to 1e-6."""
+def test_cg_gives_the_exact_probabilities_and_lml(monkeypatch):
+    """solver="cg" runs the Newton and variance solves by CG on the lazy B: the same
+    probabilities as the dense path to 1e-6, and within EXACT_MAX_N the same LML (B factored
+    densely once at CG's mode for log det B). Above the limit (lowered here to 100 rows)
+    "auto" chooses CG, and the LML is NaN."""
     X, y = X_TRAIN[:120], Y_TRAIN[:120]
-    exact = GaussianProcessClassifier(3.0 * Gaussian(4.0), solver="exact").fit(X, y)
-    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 100)
-    lazy = GaussianProcessClassifier(3.0 * Gaussian(4.0), tol=1e-8).fit(da.from_array(X, 60), y)
-    assert lazy.solver_ == "cg" and isinstance(lazy.pi_, da.Array)
+    exact = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=None,
+                                      solver="exact").fit(X, y)
+    lazy = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=None, solver="cg",
+                                     tol=1e-8).fit(da.from_array(X, 60), y)
+    assert isinstance(lazy.pi_, da.Array)
     got = lazy.predict_proba(X_TEST[:60])
     assert np.abs(got - exact.predict_proba(X_TEST[:60])).max() <= 1e-6  # measured 6e-9
     np.testing.assert_allclose(lazy.pi_.compute(), exact.pi_, atol=1e-6)  # measured 1e-8
-    assert lazy.log_marginal_likelihood_value_ is None
-    with pytest.raises(NotImplementedError, match=r"solver='cg' does not compute log det"):
-        lazy.log_marginal_likelihood()
+    assert lazy.log_marginal_likelihood() == pytest.approx(
+        exact.log_marginal_likelihood_value_, rel=1e-6)  # measured 6e-12
+    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 100)
+    with pytest.warns(ConvergenceWarning, match="Newton stopped"):  # one step: enough here
+        above = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=None,
+                                          max_iter_predict=1).fit(X, y)
+    assert above.solver_ == "cg" and np.isnan(above.log_marginal_likelihood())
+
+
+# ------------------------------------------------------ the Laplace LML and learning
+@pytest.mark.parametrize("constant, lengthscale", [(3.0, 4.0), (0.5, 1.5), (20.0, 10.0),
+                                                   (1.0, 30.0)])
+def test_lml_and_gradient_at_theta_match_sklearn(constant, lengthscale):
+    """R&W Alg. 5.1 (explicit term and the implicit one through the mode) against
+    scikit-learn's _BinaryGPCLaplace on the breast cancer rows, at theta away from the
+    fitted one."""
+    model = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=None).fit(X_TRAIN, Y_TRAIN)
+    ref = SklearnGPC(ConstantKernel(3.0) * RBF(4.0), optimizer=None).fit(X_TRAIN, Y_TRAIN)
+    theta = np.log([constant, lengthscale])
+    value, grad = model.log_marginal_likelihood(theta, eval_gradient=True)
+    want_value, want_grad = ref.log_marginal_likelihood(theta, eval_gradient=True)
+    assert value == pytest.approx(want_value, rel=1e-6)  # measured 4e-14
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-6)  # measured 4e-14
+    assert model.log_marginal_likelihood(theta) == value
+
+
+@pytest.fixture(scope="module")
+def learned_pair():
+    """Both classifiers learning (L-BFGS-B) from the same start on the breast cancer rows."""
+    return (GaussianProcessClassifier(3.0 * Gaussian(4.0)).fit(X_TRAIN, Y_TRAIN),
+            SklearnGPC(ConstantKernel(3.0) * RBF(4.0)).fit(X_TRAIN, Y_TRAIN))
+
+
+def test_learned_hyperparameters_match_sklearn(learned_pair):
+    model, ref = learned_pair
+    assert model.kernel_.theta != pytest.approx(np.log([3.0, 4.0]), abs=0.1)  # it moved
+    assert model.log_marginal_likelihood_value_ >= ref.log_marginal_likelihood_value_ - 1e-3
+    np.testing.assert_allclose(model.kernel_.theta, ref.kernel_.theta, atol=1e-3)  # meas. 2e-11
+    # the same optimum, so the same probabilities up to how closely L-BFGS-B reaches it
+    assert np.abs(model.predict_proba(X_TEST) - ref.predict_proba(X_TEST)).max() <= 1e-4  # 1e-8
+    # the value reported is the evidence of the fitted kernel, and that is a maximum
+    value, grad = model.log_marginal_likelihood(model.kernel_.theta, eval_gradient=True)
+    assert value == pytest.approx(model.log_marginal_likelihood_value_, rel=1e-12)
+    assert np.abs(grad).max() < 1e-3
+
+
+def test_default_kernel_has_nothing_to_learn():
+    """As scikit-learn's default, 1.0 * RBF(1.0) with both parameters fixed."""
+    model = GaussianProcessClassifier().fit(X_SMALL, Y_SMALL)
+    assert len(model.kernel_.theta) == 0 and model.kernel_ == model._check_params()
+    ref = SklearnGPC(optimizer=None).fit(X_SMALL, Y_SMALL)
+    assert np.abs(model.predict_proba(X_TEST) - ref.predict_proba(X_TEST)).max() <= 1e-4
+
+
+def test_callable_optimizer_gets_scikit_learns_objective():
+    """obj_func(theta) is (-LML, -gradient), as scikit-learn's; the optimizer's theta is used."""
+    seen = []
+
+    def optimizer(obj_func, initial_theta, bounds):
+        seen.append((obj_func(initial_theta), initial_theta, bounds))
+        return np.log([2.0, 6.0]), obj_func(np.log([2.0, 6.0]), eval_gradient=False)
+
+    model = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=optimizer).fit(X_TRAIN,
+                                                                                    Y_TRAIN)
+    (value, grad), start, bounds = seen[0]
+    want = model.log_marginal_likelihood(start, eval_gradient=True)
+    assert value == pytest.approx(-want[0], rel=1e-12)
+    np.testing.assert_allclose(grad, -want[1], rtol=1e-12)
+    np.testing.assert_allclose(bounds, np.log([[1e-5, 1e5]] * 2))
+    assert model.kernel_ == 2.0 * Gaussian(6.0)
+
+
+def test_one_vs_rest_learns_a_kernel_per_class_as_sklearn():
+    """scikit-learn's one-vs-rest learns each binary problem's kernel on its own (its
+    CompoundKernel); its LML at theta is the mean over the classes, theta shared by every
+    class or given per class."""
+    X, y = X_WINE[:120], Y_WINE[:120]
+    model = GaussianProcessClassifier(2.0 * Gaussian(3.0)).fit(X, y)
+    ref = SklearnGPC(ConstantKernel(2.0) * RBF(3.0)).fit(X, y)
+    assert len(model.kernel_) == 3
+    np.testing.assert_allclose(np.concatenate([k.theta for k in model.kernel_]),
+                               ref.kernel_.theta, atol=1e-3)  # measured 2e-9
+    assert model.log_marginal_likelihood_value_ >= ref.log_marginal_likelihood_value_ - 1e-3
+    assert np.abs(model.predict_proba(X_WINE[120:]) - ref.predict_proba(X_WINE[120:])).max() \
+        <= 1e-4  # measured 1e-9
+    for theta in [np.log([1.5, 2.0]), np.log([1.5, 2.0, 4.0, 5.0, 0.7, 3.0])]:
+        assert model.log_marginal_likelihood(theta) == pytest.approx(
+            ref.log_marginal_likelihood(theta), rel=1e-6)
+
+
+def test_one_vs_rest_gradient_is_the_mean_of_the_binary_gradients():
+    """scikit-learn has no multi-class gradient: the reference is its binary classifiers on
+    each class against the rest, averaged (theta shared) or each scaled by 1/3 (per class)."""
+    X, y = X_WINE[:120], Y_WINE[:120]
+    model = GaussianProcessClassifier(2.0 * Gaussian(3.0), optimizer=None).fit(X, y)
+    binaries = [SklearnGPC(ConstantKernel(2.0) * RBF(3.0), optimizer=None).fit(X, y == k)
+                for k in range(3)]
+    theta = np.log([1.5, 2.0])
+    value, grad = model.log_marginal_likelihood(theta, eval_gradient=True)
+    refs = [b.log_marginal_likelihood(theta, eval_gradient=True) for b in binaries]
+    assert value == pytest.approx(np.mean([r[0] for r in refs]), rel=1e-6)
+    np.testing.assert_allclose(grad, np.mean([r[1] for r in refs], axis=0), rtol=1e-6)
+    _, grad = model.log_marginal_likelihood(np.tile(theta, 3), eval_gradient=True)
+    np.testing.assert_allclose(grad, np.concatenate([r[1] for r in refs]) / 3, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- inputs
 @pytest.mark.usefixtures("sync_scheduler")
 def test_dask_and_zarr_inputs_match_numpy(tmp_path):
     X, y = X_TRAIN[:120], Y_TRAIN[:120]
-    want = GaussianProcessClassifier(Gaussian(5.0)).fit(X, y).predict_proba(X_TEST)
+    want = GaussianProcessClassifier(Gaussian(5.0), optimizer=None).fit(X, y).predict_proba(
+        X_TEST)
     url = str(tmp_path / "data.zarr")
     dkern.io.write_arrays(url, {"X": X, "y": y.astype(np.float64), "Xt": X_TEST}, chunk_rows=50)
     for Xin, yin, Xt in [(da.from_array(X, 40), da.from_array(y, 40), da.from_array(X_TEST, 100)),
                          ((url, "X"), (url, "y"), (url, "Xt"))]:
-        model = GaussianProcessClassifier(Gaussian(5.0)).fit(Xin, yin)
+        model = GaussianProcessClassifier(Gaussian(5.0), optimizer=None).fit(Xin, yin)
         np.testing.assert_allclose(model.predict_proba(Xt), want, rtol=1e-12, atol=1e-14)
         assert model.n_features_in_ == 30
 
@@ -126,7 +232,8 @@ def test_dask_and_zarr_inputs_match_numpy(tmp_path):
 def test_batches_and_rebuilt_factors_give_the_same_probabilities(monkeypatch):
     """Test rows are processed in batches, and a model without its Cholesky factors (as a model
     file stores only pi_, not n x n factors) rebuilds them from pi_: neither changes a value."""
-    model = GaussianProcessClassifier(Gaussian(5.0)).fit(X_TRAIN[:100], Y_TRAIN[:100])
+    model = GaussianProcessClassifier(Gaussian(5.0), optimizer=None).fit(X_TRAIN[:100],
+                                                                         Y_TRAIN[:100])
     want = model.predict_proba(X_TEST)
     monkeypatch.setattr(gp_classifier, "PREDICT_BATCH", 7)
     del model._chols
@@ -136,7 +243,7 @@ def test_batches_and_rebuilt_factors_give_the_same_probabilities(monkeypatch):
 
 def test_string_labels():
     labels = np.array(["benign", "malignant"])[Y_TRAIN[:100]]
-    model = GaussianProcessClassifier(Gaussian(5.0)).fit(X_TRAIN[:100], labels)
+    model = GaussianProcessClassifier(Gaussian(5.0), optimizer=None).fit(X_TRAIN[:100], labels)
     assert model.classes_.tolist() == ["benign", "malignant"]
     assert set(model.predict(X_TEST)) <= {"benign", "malignant"}
 
@@ -187,7 +294,10 @@ def test_shapes_refused():
 
 
 @pytest.mark.parametrize("param, value, message", [
-    ("optimizer", "fmin_l_bfgs_b", "optimizer must be None"),
+    ("optimizer", "bogus", r"optimizer must be 'lbfgs', a callable optimizer\(obj_func, "
+                           r"initial_theta, bounds\) -> \(theta, value\), or None; got 'bogus'"),
+    ("n_restarts_optimizer", -1, "n_restarts_optimizer must be an integer >= 0; got -1"),
+    ("n_restarts_optimizer", 1.5, "n_restarts_optimizer must be an integer >= 0; got 1.5"),
     ("solver", "lanczos", r"solver must be one of \['auto', 'exact', 'cg'\]"),
     ("probabilities", "logit", r"probabilities must be one of \['sklearn', 'probit'\]"),
     ("multi_class", "one_vs_one", r"multi_class must be one of \['one_vs_rest', 'binary'\]"),
@@ -212,17 +322,61 @@ def test_exact_above_its_limit_refused(monkeypatch):
         GaussianProcessClassifier(solver="exact").fit(X_SMALL, Y_SMALL)
 
 
-def test_lml_of_other_hyperparameters_not_available_yet():
-    model = GaussianProcessClassifier().fit(X_SMALL, Y_SMALL)
-    with pytest.raises(NotImplementedError, match="needs kernel hyperparameters"):
-        model.log_marginal_likelihood(np.log([2.0]))
-    with pytest.raises(NotImplementedError, match="needs kernel hyperparameters"):
+def test_lml_theta_of_the_wrong_size_and_gradient_without_theta_refused():
+    model = GaussianProcessClassifier(2.0 * Gaussian(3.0), optimizer=None).fit(X_SMALL, Y_SMALL)
+    with pytest.raises(ValueError, match=r"theta must hold 2 log-hyperparameters \(one per name "
+                                         r"in \['constant', 'kernel__lengthscale'\]\); got shape "
+                                         r"\(3,\)"):
+        model.log_marginal_likelihood(np.log([2.0, 3.0, 4.0]))
+    with pytest.raises(ValueError, match="Gradient can only be evaluated for theta!=None"):
         model.log_marginal_likelihood(eval_gradient=True)
+    wine = GaussianProcessClassifier(2.0 * Gaussian(3.0), optimizer=None).fit(X_WINE[:40],
+                                                                              Y_WINE[:40])
+    with pytest.raises(ValueError, match=r"or 6 \(each class's kernel in turn\); got shape "
+                                         r"\(3,\)"):
+        wine.log_marginal_likelihood(np.log([2.0, 3.0, 4.0]))
+
+
+def test_learning_above_the_dense_limit_refused(monkeypatch):
+    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 30)
+    with pytest.raises(ValueError, match=r"learning hyperparameters \(optimizer='lbfgs'\) .* "
+                                         "n <= 30; got n=40. Learn them on a subsample"):
+        GaussianProcessClassifier(Gaussian(5.0)).fit(X_SMALL, Y_SMALL)
+    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 100)
+    model = GaussianProcessClassifier(Gaussian(5.0), optimizer=None).fit(X_SMALL, Y_SMALL)
+    monkeypatch.setattr(gp_classifier, "EXACT_MAX_N", 30)
+    with pytest.raises(ValueError, match="at theta needs dense n x n factors, n <= 30; this "
+                                         "model has n=40"):
+        model.log_marginal_likelihood(np.log([2.0]))
+
+
+def test_start_outside_the_bounds_refused():
+    with pytest.raises(ValueError, match=r"lengthscale = 5 lies outside its bounds \(0.1, 1\)"):
+        GaussianProcessClassifier(Gaussian(5.0, lengthscale_bounds=(0.1, 1.0))).fit(X_SMALL,
+                                                                                   Y_SMALL)
+
+
+def test_optimizer_failure_warns_and_keeps_the_best_value_found(monkeypatch):
+    """A gradient that contradicts the value (here: its sign flipped) stops L-BFGS-B's line
+    search: a warning with the best value, and a finite LML of the kernel kept, never NaN."""
+    exact = _laplace_evidence.log_evidence
+
+    def wrong_gradient(*args):
+        value, grad = exact(*args)
+        return value, -grad
+
+    monkeypatch.setattr(_laplace_evidence, "log_evidence", wrong_gradient)
+    with pytest.warns(ConvergenceWarning, match="L-BFGS-B stopped without converging"):
+        model = GaussianProcessClassifier(3.0 * Gaussian(4.0)).fit(X_SMALL, Y_SMALL)
+    assert np.isfinite(model.log_marginal_likelihood_value_)
+    assert model.log_marginal_likelihood_value_ == pytest.approx(
+        exact(model.kernel_, X_SMALL, Y_SMALL.astype(float), 100, False)[0], rel=1e-12)
 
 
 def test_newton_cap_warns():
     with pytest.warns(ConvergenceWarning, match="Newton stopped at max_iter_predict=1"):
-        GaussianProcessClassifier(Gaussian(5.0), max_iter_predict=1).fit(X_SMALL, Y_SMALL)
+        GaussianProcessClassifier(Gaussian(5.0), optimizer=None,
+                                  max_iter_predict=1).fit(X_SMALL, Y_SMALL)
 
 
 # --------------------------------------------------------------------------- scikit-learn API

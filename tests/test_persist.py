@@ -224,3 +224,65 @@ def test_saving_into_a_data_store_is_refused_even_with_overwrite(tmp_path, overw
         dkern.save(KernelRidge(solver="exact").fit(X, Y), url, overwrite=overwrite)
     assert "overwrite" not in str(err.value)
     np.testing.assert_array_equal(dkern.io.open_array(url, "X").compute(), X)
+
+
+# ------------------------------------------------------------- GaussianProcessClassifier
+def _labelled(n_classes):
+    """Rows of X labelled by which of n_classes angular sectors they fall in (numbers 0..k-1)."""
+    angle = np.arctan2(X[:, 1], X[:, 0]) + np.pi
+    return np.minimum((angle / (2 * np.pi) * n_classes).astype(int), n_classes - 1)
+
+
+def test_classifier_round_trip_with_string_classes(tmp_path):
+    """Binary, learned kernel, string labels: the file holds X, the label indices and pi
+    (no n x n factor); the loaded model rebuilds its factors and predicts the same."""
+    labels = np.array(["no", "yes"])[_labelled(2)]
+    model = dkern.GaussianProcessClassifier(2.0 * Gaussian(1.5)).fit(X[:150], labels[:150])
+    url, loaded = roundtrip(model, tmp_path)
+    assert dkern.io.list_arrays(url) == ["X_fit", "pi", "y_train"]
+    np.testing.assert_allclose(loaded.predict_proba(X_NEW), model.predict_proba(X_NEW),
+                               rtol=0, atol=1e-12)
+    assert loaded.classes_.dtype == model.classes_.dtype and loaded.classes_.tolist() == ["no",
+                                                                                          "yes"]
+    np.testing.assert_array_equal(loaded.predict(X_NEW), model.predict(X_NEW))
+    assert loaded.kernel_ == model.kernel_ and loaded.kernel == 2.0 * Gaussian(1.5)
+    assert loaded.kernel_ != loaded.kernel  # the learned hyperparameters were stored
+    assert loaded.log_marginal_likelihood_value_ == model.log_marginal_likelihood_value_
+    np.testing.assert_array_equal(loaded.n_iter_, model.n_iter_)
+    assert loaded.optimizer == "lbfgs" and loaded.solver_ == "exact"
+
+
+def test_classifier_round_trip_three_classes_learned_per_class(tmp_path):
+    """One-vs-rest learns one kernel per class: all three are stored; int labels keep
+    their dtype."""
+    y = (_labelled(3) * 10).astype(np.int32)
+    model = dkern.GaussianProcessClassifier(Gaussian(1.0)).fit(X[:150], y[:150])
+    url, loaded = roundtrip(model, tmp_path)
+    assert isinstance(loaded.kernel_, list) and loaded.kernel_ == model.kernel_
+    assert dkern.io.read_attrs(url)["fitted_kernel"] == [repr(k) for k in model.kernel_]
+    assert loaded.classes_.dtype == np.int32 and loaded.classes_.tolist() == [0, 10, 20]
+    P = loaded.predict_proba(X_NEW)
+    np.testing.assert_allclose(P, model.predict_proba(X_NEW), rtol=0, atol=1e-12)
+    theta = np.concatenate([k.theta for k in model.kernel_])
+    assert loaded.log_marginal_likelihood(theta) == pytest.approx(
+        model.log_marginal_likelihood(theta), rel=1e-12)
+
+
+def test_classifier_cg_round_trip_stays_lazy(tmp_path):
+    Xd = da.from_array(X[:80], chunks=40)
+    model = dkern.GaussianProcessClassifier(Gaussian(1.5), optimizer=None,
+                                            solver="cg").fit(Xd, _labelled(2)[:80])
+    url, loaded = roundtrip(model, tmp_path)
+    assert isinstance(loaded.X_fit_, da.Array) and isinstance(loaded.pi_, da.Array)
+    np.testing.assert_allclose(loaded.predict_proba(X_NEW[:20]), model.predict_proba(X_NEW[:20]),
+                               rtol=0, atol=1e-12)
+    assert loaded.log_marginal_likelihood_value_ == model.log_marginal_likelihood_value_
+
+
+def test_classifier_with_labels_json_cannot_keep_is_refused(tmp_path):
+    labels = np.array(["2026-01-01", "2026-06-01"], dtype="datetime64[D]")[_labelled(2)[:60]]
+    model = dkern.GaussianProcessClassifier(optimizer=None).fit(X[:60], labels)
+    with pytest.raises(DkernError, match=r"classes_ have dtype datetime64\[D\] .* Encode the "
+                                         "labels as strings or integers"):
+        dkern.save(model, str(tmp_path / "c.zarr"))
+    assert not (tmp_path / "c.zarr").exists()

@@ -11,6 +11,7 @@ form with ``B = I + W^{1/2} K W^{1/2}``. Targets ``t`` are 0/1; ``π = σ(f)``;
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import scipy.linalg as sla
 from scipy.special import erf, expit
 
 from ..errors import ConvergenceWarning
+from ..kernels import Kernel
 from ..operators import GramOperator, Operator
 from ..solvers import cg
 
@@ -184,3 +186,18 @@ def cg_latent(K: GramOperator, K_star: GramOperator, k_diag: np.ndarray, t: da.A
     z = cg(ScaledGram(K, s), rhs, tol=tol, max_iter=cg_max_iter).x
     mean, quad = dask.compute(K_star.T @ (t - pi), (rhs * z.rechunk(rhs.chunks)).sum(axis=0))
     return mean, k_diag - quad
+
+
+def shared(kernels: list[Kernel], compute: Callable[[Kernel], Any]) -> Iterator[Any]:
+    """``compute(k)`` for each kernel, reused along a run of equal kernels: one-vs-rest
+    without learning shares one kernel, whose blocks are then computed once."""
+    last, value = None, None
+    for k in kernels:
+        if last is None or k != last:
+            last, value = k, compute(k)
+        yield value
+
+
+def dense_grams(kernels: list[Kernel], X: np.ndarray) -> Iterator[np.ndarray]:
+    """``K(X, X)`` (n, n) of each problem's kernel, one at a time unless shared."""
+    return shared(kernels, lambda k: np.asarray(k(X, X), dtype=np.float64))

@@ -9,16 +9,18 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils import assert_all_finite, column_or_1d
+from sklearn.utils import assert_all_finite, check_random_state, column_or_1d
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from ..io import as_rows, is_lazy
-from ..kernels import Gaussian, Kernel
+from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N
-from . import _laplace
+from . import _laplace, _laplace_evidence
+from ._gp_optimize import check_optimizer
 from ._validation import check_choice, check_optional_int, check_tol, check_X, checked_kernel
+from .gaussian_process import _legacy_seed
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +48,30 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
     ``k** − k*ᵀ(W⁻¹ + K)⁻¹k*`` (Alg. 3.2), turned into a probability (see ``probabilities``).
     More than two classes are fitted one-vs-rest, each class against the others, with
     probabilities normalised to sum to one, as scikit-learn's
-    :class:`~sklearn.gaussian_process.GaussianProcessClassifier` does; with the same fixed
-    kernel and ``optimizer=None`` the two agree (``Gaussian(l)`` is ``RBF(l)``,
-    ``c * Gaussian(l)`` is ``ConstantKernel(c) * RBF(l)``).
+    :class:`~sklearn.gaussian_process.GaussianProcessClassifier` does; with the same
+    kernel the two agree (``Gaussian(l)`` is ``RBF(l)``, ``c * Gaussian(l)`` is
+    ``ConstantKernel(c) * RBF(l)``), and so do their learned hyperparameters.
 
     Parameters
     ----------
     kernel : dkern kernel, optional
-        Default ``Gaussian(1.0)`` (scikit-learn's default ``1.0 * RBF(1.0)``).
-    optimizer : None
-        The kernel is used as given. Hyperparameter learning needs kernel hyperparameters
-        (``kernel.theta``) that dkern's kernels do not have yet; any other value is refused.
+        Default ``Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
+        constant_bounds="fixed")``: scikit-learn's default ``1.0 * RBF(1.0)``, nothing to
+        learn. The learnable hyperparameters are the kernel's ``theta`` (see
+        ``kernel.bounds``).
+    optimizer : "lbfgs", callable or None, default="lbfgs"
+        Maximises the Laplace log marginal likelihood (see
+        ``log_marginal_likelihood``) over ``theta`` within ``kernel.bounds``: L-BFGS-B in
+        log space with the analytic gradient (R&W Alg. 5.1), each evaluation a Newton
+        solve with dense n × n factors, so learning needs n <= ``EXACT_MAX_N`` whatever
+        the solver (above it is refused: learn on a subsample and refit with
+        ``optimizer=None``). A callable ``optimizer(obj_func, initial_theta, bounds) ->
+        (theta, min_value)`` as scikit-learn's. Each binary problem of one-vs-rest
+        learns its own kernel, as scikit-learn's. A start outside the bounds is refused;
+        a run that does not converge warns and keeps the best value found. None keeps
+        the kernel's hyperparameters.
+    n_restarts_optimizer : int, default=0
+        Extra optimizer runs from starts drawn uniformly in the log-bounds.
     max_iter_predict : int, default=100
         Newton steps at most; they stop when ``Ψ(f) = log p(t|f) − ½ fᵀK⁻¹f`` rises by less
         than ``1e-10`` (scikit-learn's test).
@@ -78,12 +93,16 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         Iteration cap of each CG solve; default that of :func:`dkern.solvers.cg`.
     backend : {"auto", "numpy", "keops"}, default="auto"
         How kernel blocks are computed by ``"cg"``.
+    random_state : int, numpy Generator or RandomState, optional
+        Seeds the optimizer's restarts.
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
     n_classes_ : int
-    kernel_ : Kernel
+    kernel_ : Kernel, or list of Kernel for more than two classes
+        The kernel with the fitted hyperparameters; for one-vs-rest one kernel per class
+        (the kernels of scikit-learn's ``CompoundKernel``), in the order of ``classes_``.
     solver_ : str
         ``"exact"`` or ``"cg"``.
     X_fit_ : ndarray or dask.array.Array of shape (n, d)
@@ -93,10 +112,10 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
     pi_ : ndarray or dask.array.Array of shape (n,) or (n, n_classes)
         ``σ(f̂)`` at the mode: of the binary problem, or one column per class (one-vs-rest).
         A persisted dask array for ``"cg"``.
-    log_marginal_likelihood_value_ : float or None
+    log_marginal_likelihood_value_ : float
         The Laplace approximation ``log q(t | X) = Ψ(f̂) − ½ log det B`` (the mean over the
-        classes for one-vs-rest, as scikit-learn). None for ``"cg"``: ``log det B`` is not
-        computed without a dense factor.
+        classes for one-vs-rest, as scikit-learn). ``"cg"`` factors B densely once for
+        it when n <= ``EXACT_MAX_N``; NaN above, where ``log det B`` is not computed.
     n_iter_ : ndarray of int, shape (n_problems,)
         Newton steps of each binary problem.
     n_features_in_ : int
@@ -105,13 +124,16 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
     """
 
     _chols: list[np.ndarray] | None  # Cholesky factors of B at each mode (exact solver)
+    X_fit_: np.ndarray | da.Array
 
-    def __init__(self, kernel: Kernel | None = None, *, optimizer: None = None,
-                 max_iter_predict: int = 100, multi_class: str = "one_vs_rest",
-                 probabilities: str = "sklearn", solver: str = "auto", tol: float = 1e-8,
-                 max_iter: int | None = None, backend: str = "auto") -> None:
+    def __init__(self, kernel: Kernel | None = None, *, optimizer: Any = "lbfgs",
+                 n_restarts_optimizer: int = 0, max_iter_predict: int = 100,
+                 multi_class: str = "one_vs_rest", probabilities: str = "sklearn",
+                 solver: str = "auto", tol: float = 1e-8, max_iter: int | None = None,
+                 backend: str = "auto", random_state: Any = None) -> None:
         self.kernel = kernel
         self.optimizer = optimizer
+        self.n_restarts_optimizer = n_restarts_optimizer
         self.max_iter_predict = max_iter_predict
         self.multi_class = multi_class
         self.probabilities = probabilities
@@ -119,9 +141,11 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         self.tol = tol
         self.max_iter = max_iter
         self.backend = backend
+        self.random_state = random_state
 
     def fit(self, X: Any, y: Any) -> GaussianProcessClassifier:
-        """Find the Laplace posterior of each binary problem.
+        """Learn the hyperparameters (if ``optimizer``), then find the Laplace posterior of
+        each binary problem.
 
         Parameters
         ----------
@@ -140,31 +164,62 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         self.n_classes_ = len(self.classes_)
         self._check_classes()
         self.solver_ = self._resolve_solver(Xv.shape[0])
-        self.kernel_, self.y_train_ = kernel, codes.astype(np.int64)
+        self.y_train_ = codes.astype(np.int64)
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        kernels = self._learned_kernels(kernel, Xw)
+        self.kernel_ = kernels[0] if self.n_classes_ == 2 else kernels
+        targets = self._targets()
         if self.solver_ == "exact":
-            Xn = Xw.compute() if isinstance(Xw, da.Array) else Xw
-            modes = [_laplace.solve_dense(np.asarray(kernel(Xn, Xn)), t, self.max_iter_predict)
-                     for t in self._targets()]
+            Xn = _in_memory(Xw)
+            modes = [_laplace.solve_dense(K, t, self.max_iter_predict)
+                     for K, t in zip(_laplace.dense_grams(kernels, Xn), targets, strict=True)]
             self.X_fit_ = Xn
         else:
-            K = gram(kernel, Xw, backend=self.backend)
-            modes = [_laplace.solve_cg(K, self._lazy(t, K), self.max_iter_predict, self.tol,
-                                       self.max_iter) for t in self._targets()]
+            modes = []
+            for k, t in zip(kernels, targets, strict=True):
+                K = gram(k, Xw, backend=self.backend)
+                modes.append(_laplace.solve_cg(K, self._lazy(t, K), self.max_iter_predict,
+                                               self.tol, self.max_iter))
             self.X_fit_ = X if isinstance(X, da.Array) else Xv
         pis = [m.pi for m in modes]
         stack = da.stack if self.solver_ == "cg" else np.stack
         self.pi_ = pis[0] if len(pis) == 1 else stack(pis, axis=1)
-        chols = [m.chol for m in modes if m.chol is not None]  # every mode's, for exact
-        self._chols = chols if self.solver_ == "exact" else None
+        self._chols = ([m.chol for m in modes if m.chol is not None]  # all, for exact
+                       if self.solver_ == "exact" else None)
         self.n_iter_ = np.array([m.n_iter for m in modes])
-        self.log_marginal_likelihood_value_ = (
-            float(np.mean([_laplace.log_evidence(m.psi, c)
-                           for m, c in zip(modes, chols, strict=True)]))
-            if self.solver_ == "exact" else None)
-        logger.info("GaussianProcessClassifier: solver=%s, Newton steps %s", self.solver_,
-                    self.n_iter_.tolist())
+        self.log_marginal_likelihood_value_ = self._evidence(modes, kernels, Xw)
+        logger.info("GaussianProcessClassifier: solver=%s, Newton steps %s, kernel_=%r, "
+                    "lml=%.6g", self.solver_, self.n_iter_.tolist(), self.kernel_,
+                    self.log_marginal_likelihood_value_)
         return self
+
+    def _learned_kernels(self, kernel: Kernel, X: Any) -> list[Kernel]:
+        """One kernel per binary problem: ``kernel`` itself, or the learned one."""
+        if self.optimizer is None or len(kernel.theta) == 0:
+            return [kernel] * len(self._targets())
+        n = X.shape[0]
+        if n > EXACT_MAX_N:
+            raise ValueError(f"learning hyperparameters (optimizer={self.optimizer!r}) uses the "
+                             f"Laplace log marginal likelihood with dense n x n factors, n <= "
+                             f"{EXACT_MAX_N}; got n={n}. Learn them on a subsample and refit "
+                             "with optimizer=None and the learned model's kernel_.")
+        return _laplace_evidence.learn(
+            kernel, _in_memory(X), self._targets(), max_iter=self.max_iter_predict,
+            optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
+            rng=check_random_state(_legacy_seed(self.random_state)))
+
+    def _evidence(self, modes: list[_laplace.Mode], kernels: list[Kernel], X: Any) -> float:
+        """The mean Laplace evidence of the problems; NaN for ``"cg"`` above ``EXACT_MAX_N``."""
+        if self._chols is not None:
+            chols = self._chols
+        elif X.shape[0] <= EXACT_MAX_N:  # B at CG's mode, factored densely once
+            Ks = _laplace.dense_grams(kernels, _in_memory(X))
+            chols = [_laplace.dense_factor(K, np.asarray(_in_memory(m.pi)))[1]
+                     for K, m in zip(Ks, modes, strict=True)]
+        else:
+            return float("nan")
+        return float(np.mean([_laplace.log_evidence(m.psi, L)
+                              for m, L in zip(modes, chols, strict=True)]))
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
@@ -202,42 +257,56 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         (mean, _), = self._latent(X)
         return self.classes_[(mean > 0).astype(int)]
 
-    def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False) -> float:
-        """The Laplace approximation of the log marginal likelihood of the fitted kernel.
+    def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
+                                clone_kernel: bool = True) -> Any:
+        """The Laplace approximation ``log q(t | X, θ) = Ψ(f̂) − ½ log det B``.
+
+        For one-vs-rest the mean over the classes' binary problems, as scikit-learn.
+        Evaluating it at ``theta`` needs dense n × n factors (n <= ``EXACT_MAX_N``).
 
         Parameters
         ----------
-        theta : None
-            Only the fitted kernel's value is available: evaluating other hyperparameters
-            needs kernel hyperparameters (``kernel.theta``), which dkern's kernels lack yet.
+        theta : array-like of shape (p,) or (p * n_classes,), optional
+            Log-hyperparameters in the layout of ``kernel_.theta`` (p of them). For
+            one-vs-rest, p values set every class's kernel, p * n_classes values set each
+            class's kernel in turn (scikit-learn's ``CompoundKernel`` layout). None returns
+            ``log_marginal_likelihood_value_``.
         eval_gradient : bool, default=False
-            Not available yet, for the same reason.
+            Also return the gradient in ``theta`` (R&W Alg. 5.1: the explicit term and the
+            implicit one through the mode f̂), shape like ``theta``. scikit-learn has it
+            for two classes only; here one-vs-rest gets the gradient of the mean too.
+        clone_kernel : bool, default=True
+            Accepted for scikit-learn compatibility; ``kernel_`` is never modified.
 
         Returns
         -------
-        float
-            ``log_marginal_likelihood_value_``.
+        float, or (float, ndarray) with ``eval_gradient``
         """
         check_is_fitted(self, "pi_")
-        if theta is not None or eval_gradient:
-            raise NotImplementedError(
-                "log_marginal_likelihood(theta, eval_gradient) needs kernel hyperparameters "
-                "(kernel.theta / with_theta), which dkern kernels do not have yet; call "
-                "log_marginal_likelihood() for the fitted kernel's value.")
-        if self.log_marginal_likelihood_value_ is None:
-            raise NotImplementedError(
-                f"solver={self.solver_!r} does not compute log det(I + W^1/2 K W^1/2), so the "
-                f"Laplace evidence is unavailable; fit with solver='exact' (n <= {EXACT_MAX_N}).")
-        return self.log_marginal_likelihood_value_
+        if theta is None:
+            if eval_gradient:
+                raise ValueError("Gradient can only be evaluated for theta!=None")
+            return self.log_marginal_likelihood_value_
+        kernels, shared = self._kernels_at(theta)
+        n = self.X_fit_.shape[0]
+        if n > EXACT_MAX_N:
+            raise ValueError(f"the Laplace log marginal likelihood at theta needs dense n x n "
+                             f"factors, n <= {EXACT_MAX_N}; this model has n={n}. Evaluate it "
+                             "on a subsample.")
+        Xn = _in_memory(self.X_fit_)
+        values, grads = zip(*(_laplace_evidence.log_evidence(k, Xn, t, self.max_iter_predict,
+                                                              eval_gradient)
+                              for k, t in zip(kernels, self._targets(), strict=True)),
+                            strict=True)
+        value = float(np.mean(values))
+        if not eval_gradient:
+            return value
+        grad = np.mean(grads, axis=0) if shared else np.concatenate(grads) / len(grads)
+        return value, grad
 
     # ------------------------------------------------------------------ internals
     def _check_params(self) -> Kernel:
-        if self.optimizer is not None:
-            raise ValueError(
-                f"optimizer must be None (the kernel is used as given): hyperparameter learning "
-                f"needs kernel hyperparameters, which dkern kernels do not have yet; got "
-                f"{self.optimizer!r}. Choose the kernel's parameters by cross-validation "
-                "(GridSearchCV over kernel__lengthscale) meanwhile.")
+        check_optimizer(self.optimizer, self.n_restarts_optimizer)
         check_choice(self.solver, "solver", SOLVERS)
         check_choice(self.multi_class, "multi_class", MULTI_CLASS)
         check_choice(self.probabilities, "probabilities", PROBABILITIES)
@@ -247,7 +316,9 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
             raise ValueError(f"max_iter_predict must be an integer >= 1 (Newton steps), e.g. 100; "
                              f"got {steps!r}.")
-        return checked_kernel(self.kernel, Gaussian(1.0))
+        return checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
+            self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
+                                constant_bounds="fixed"))
 
     def _check_classes(self) -> None:
         name = type(self).__name__
@@ -270,6 +341,24 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"solver='exact' holds dense n x n matrices and allows n <= "
                              f"{EXACT_MAX_N}; got n={n}. Use solver='cg'.")
         return self.solver
+
+    def _kernels(self) -> list[Kernel]:
+        """The fitted kernel of each binary problem."""
+        return [self.kernel_] if isinstance(self.kernel_, Kernel) else list(self.kernel_)
+
+    def _kernels_at(self, theta: Any) -> tuple[list[Kernel], bool]:
+        """Each problem's kernel at ``theta``, and whether one theta is shared by all."""
+        values = np.asarray(theta, dtype=float)
+        kernels = self._kernels()
+        p, m = len(kernels[0].theta), len(kernels)
+        if values.shape == (p,):
+            return [k.with_theta(values) for k in kernels], True
+        if m > 1 and values.shape == (p * m,):
+            return [k.with_theta(values[i * p:(i + 1) * p]) for i, k in enumerate(kernels)], False
+        per_class = f" or {p * m} (each class's kernel in turn)" if m > 1 else ""
+        raise ValueError(f"theta must hold {p} log-hyperparameters (one per name in "
+                         f"{kernels[0].hyperparameter_names}){per_class}; got shape "
+                         f"{values.shape}.")
 
     def _targets(self) -> list[np.ndarray]:
         """0/1 targets of each binary problem: the second class, or each class vs the rest."""
@@ -295,36 +384,44 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         if self.solver_ == "exact":
             batch, latent = PREDICT_BATCH, self._latent_exact
         else:
-            K = gram(self.kernel_, self.X_fit_, backend=self.backend, dtype=np.float64)
-            problems = [(self._lazy(t, K), self._lazy(pi, K))
-                        for t, pi in zip(self._targets(), self._pis(), strict=True)]
-            batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // K.shape[0]))
+            problems = []
+            for k, t, pi in zip(self._kernels(), self._targets(), self._pis(), strict=True):
+                K = gram(k, self.X_fit_, backend=self.backend, dtype=np.float64)
+                problems.append((k, K, self._lazy(t, K), self._lazy(pi, K)))
+            batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // self.X_fit_.shape[0]))
 
             def latent(Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-                return self._latent_cg(Xb, K, problems)
+                return self._latent_cg(Xb, problems)
         parts = [latent(_in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
         return [(np.concatenate([p[j][0] for p in parts]), np.concatenate([p[j][1] for p in parts]))
                 for j in range(len(parts[0]))]
 
     def _latent_exact(self, Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        k_diag = np.asarray(self.kernel_.diag(Xb), dtype=np.float64)
-        K_star = np.asarray(self.kernel_(self.X_fit_, Xb), dtype=np.float64)  # shape: (n, b)
-        return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
-                for t, pi, L in zip(self._targets(), self._pis(), self._factors(), strict=True)]
+        def blocks(k: Kernel) -> tuple[np.ndarray, np.ndarray]:  # shapes: (b,), (n, b)
+            return (np.asarray(k.diag(Xb), dtype=np.float64),
+                    np.asarray(k(np.asarray(self.X_fit_), Xb), dtype=np.float64))
 
-    def _latent_cg(self, Xb: np.ndarray, K: Any, problems: list[tuple[da.Array, da.Array]]
+        return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
+                for (k_diag, K_star), t, pi, L in zip(
+                    _laplace.shared(self._kernels(), blocks), self._targets(), self._pis(),
+                    self._factors(), strict=True)]
+
+    def _latent_cg(self, Xb: np.ndarray, problems: list[tuple[Kernel, Any, da.Array, da.Array]]
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        k_diag = np.asarray(self.kernel_.diag(Xb), dtype=np.float64)
-        K_star = gram(self.kernel_, self.X_fit_, Xb, backend=self.backend, dtype=np.float64)
-        return [_laplace.cg_latent(K, K_star, k_diag, t, pi, self.tol, self.max_iter)
-                for t, pi in problems]
+        latent = []
+        for k, K, t, pi in problems:
+            k_diag = np.asarray(k.diag(Xb), dtype=np.float64)
+            K_star = gram(k, self.X_fit_, Xb, backend=self.backend, dtype=np.float64)
+            latent.append(_laplace.cg_latent(K, K_star, k_diag, t, pi, self.tol, self.max_iter))
+        return latent
 
     def _factors(self) -> list[np.ndarray]:
         """Cholesky factors of B at the mode, rebuilt from ``pi_`` when absent (a loaded model)."""
         chols = getattr(self, "_chols", None)
         if chols is None:
-            K = np.asarray(self.kernel_(self.X_fit_, self.X_fit_), dtype=np.float64)
-            chols = self._chols = [_laplace.dense_factor(K, pi)[1] for pi in self._pis()]
+            Ks = _laplace.dense_grams(self._kernels(), np.asarray(self.X_fit_, dtype=np.float64))
+            chols = self._chols = [_laplace.dense_factor(K, pi)[1]
+                                   for K, pi in zip(Ks, self._pis(), strict=True)]
         return chols
 
 

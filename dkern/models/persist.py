@@ -18,7 +18,9 @@ arrays: ``alpha`` (the centres' weights), ``centers`` and the SGPR statistics ``
 "fitted"), and no training data; ``kernel`` is the kernel it was
 given (null for the default) and ``fitted_kernel`` its ``kernel_``; "fitted" adds
 ``variance_``, ``log_marginal_likelihood_value_`` (null for NaN) and the target
-normalisation ``y_train_mean`` / ``y_train_std``.
+normalisation ``y_train_mean`` / ``y_train_std``. A ``GaussianProcessClassifier``
+stores ``X_fit``, ``y_train`` and ``pi`` and its labels in "fitted" (see
+:mod:`dkern.models._gpc_store`), never an n × n factor.
 
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
@@ -43,8 +45,9 @@ from ..errors import DkernError, StoreError
 from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
-from . import _gp_sparse
+from . import _gp_sparse, _gpc_store
 from .gaussian_process import GaussianProcessRegressor
+from .gp_classifier import GaussianProcessClassifier
 from .kernel_ridge import KernelRidge
 
 __all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
@@ -53,8 +56,9 @@ logger = logging.getLogger(__name__)
 
 #: Layout version of model stores; ``load`` refuses any other.
 MODEL_FORMAT = 1
-_MODELS = {"KernelRidge": KernelRidge, "GaussianProcessRegressor": GaussianProcessRegressor}
-Model = KernelRidge | GaussianProcessRegressor
+_MODELS = {"KernelRidge": KernelRidge, "GaussianProcessRegressor": GaussianProcessRegressor,
+           "GaussianProcessClassifier": GaussianProcessClassifier}
+Model = KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
 _COMMON = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_"})
 #: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute, per model.
 _FITTED_NAMES = {
@@ -62,12 +66,14 @@ _FITTED_NAMES = {
     "GaussianProcessRegressor": _COMMON | {
         "variance_", "log_marginal_likelihood_value_", "y_train_mean", "y_train_std",
         "alpha_lazy", "X_train_lazy", "y_train_lazy"},
+    "GaussianProcessClassifier": _gpc_store.FITTED_NAMES,
 }
 #: The GP's "fitted" names that depend on the solver: training data, or SGPR's scalars.
 _GP_DATA = frozenset({"X_train_lazy", "y_train_lazy"})
 _GP_SPARSE = frozenset({"sgpr_trace", "sgpr_n", "sgpr_jitter"})
 #: The array that marks each model as fitted.
-_FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_"}
+_FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_",
+                 "GaussianProcessClassifier": "pi_"}
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
 
 
@@ -76,7 +82,7 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
 
     Parameters
     ----------
-    model : KernelRidge or GaussianProcessRegressor
+    model : KernelRidge, GaussianProcessRegressor or GaussianProcessClassifier
         A fitted model. Lazy (dask/Zarr) training rows and coefficients are written
         chunk by chunk, never gathered on the client.
     url : str or os.PathLike
@@ -102,10 +108,13 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     kind = type(model).__name__
     check_is_fitted(model, _FITTED_ARRAY[kind])
     url = os.fspath(url)
-    kernel_text = _kernel_text(model.kernel_)
-    is_gp = isinstance(model, GaussianProcessRegressor)
+    kernel_text = _fitted_kernel_text(model.kernel_)
+    is_gp = isinstance(model, GaussianProcessRegressor | GaussianProcessClassifier)
     check_can_save(url, overwrite=overwrite)
-    arrays = _gp_arrays(model) if is_gp else _krr_arrays(model)
+    if isinstance(model, GaussianProcessClassifier):
+        arrays = _gpc_store.arrays(model)
+    else:
+        arrays = _gp_arrays(model) if is_gp else _krr_arrays(model)
     attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
              "dkern_version": __version__, "kernel": kernel_text,
              "kernel_is_default": model.kernel is None, "params": _json_params(model),
@@ -148,7 +157,7 @@ def load(url: Url) -> Model:
 
     Returns
     -------
-    KernelRidge or GaussianProcessRegressor
+    KernelRidge, GaussianProcessRegressor or GaussianProcessClassifier
         Fitted; its predictions equal the saved model's. Arrays that were lazy when
         saved (dask/Zarr training rows, cg's dask coefficients) come back as lazy dask
         arrays reading this store; the others are loaded into memory.
@@ -165,9 +174,13 @@ def load(url: Url) -> Model:
     given = None if attrs["kernel_is_default"] else from_repr(attrs["kernel"])
     model = _MODELS[attrs["dkern_model"]](kernel=given, **attrs["params"])
     fitted = _checked_fitted(url, attrs)
-    model.kernel_ = from_repr(attrs.get("fitted_kernel") or attrs["kernel"])
+    fitted_kernel = attrs.get("fitted_kernel") or attrs["kernel"]
+    model.kernel_ = ([from_repr(text) for text in fitted_kernel]  # one-vs-rest classifier
+                     if isinstance(fitted_kernel, list) else from_repr(fitted_kernel))
     if isinstance(model, GaussianProcessRegressor):
         _restore_gp(model, url, fitted)
+    elif isinstance(model, GaussianProcessClassifier):
+        _gpc_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
     else:
         _restore_krr(model, url, fitted)
     if "feature_names_in_" in fitted:
@@ -209,6 +222,11 @@ def _restore_gp(model: GaussianProcessRegressor, url: str, fitted: dict[str, Any
     fitted["log_marginal_likelihood_value_"] = float("nan") if lml is None else float(lml)
 
 
+def _fitted_kernel_text(kernel: Kernel | list[Kernel]) -> str | list[str]:
+    """:func:`_kernel_text` of a kernel, or of each (a one-vs-rest classifier's list)."""
+    return [_kernel_text(k) for k in kernel] if isinstance(kernel, list) else _kernel_text(kernel)
+
+
 def _kernel_text(kernel: Kernel) -> str:
     """``repr(kernel)``, after checking that ``from_repr`` rebuilds an equal kernel."""
     text = repr(kernel)
@@ -245,6 +263,8 @@ def _json_params(model: Model) -> dict[str, Any]:
 
 
 def _fitted_scalars(model: Model) -> dict[str, Any]:
+    if isinstance(model, GaussianProcessClassifier):
+        return _gpc_store.fitted(model)
     fitted: dict[str, Any] = {
         "solver_": model.solver_, "n_iter_": int(model.n_iter_),
         "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_)}

@@ -1,0 +1,81 @@
+"""The ``GaussianProcessClassifier``'s part of a model file (see :mod:`dkern.models.persist`).
+
+Arrays: ``X_fit`` (the training rows; lazy ones are written chunk by chunk), ``y_train``
+(labels as indices into ``classes_``) and ``pi`` (σ(f̂) of each binary problem). What
+``predict`` needs follows from them and the kernels: ``t − π̂`` and ``W^{1/2} =
+√(π̂(1 − π̂))``; the n × n Cholesky factors of B are never stored, the exact solver
+rebuilds them on first use. The attribute ``fitted_kernel`` is ``repr(kernel_)``, a list
+of them for one-vs-rest; "fitted" holds ``classes_`` as a JSON list with its numpy dtype
+(``classes_dtype``), so string, integer, float and boolean labels load as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from ..errors import DkernError
+from .gp_classifier import GaussianProcessClassifier
+
+#: What :func:`fitted` writes and ``load`` accepts in the "fitted" attribute.
+FITTED_NAMES = frozenset({
+    "solver_", "n_iter_", "n_features_in_", "feature_names_in_", "n_classes_",
+    "log_marginal_likelihood_value_", "classes_", "classes_dtype", "X_fit_lazy", "pi_lazy"})
+#: Label dtypes whose values survive a JSON round trip exactly (by ``dtype.kind``).
+_JSON_KINDS = "biufU"
+
+
+def arrays(model: GaussianProcessClassifier) -> dict[str, Any]:
+    """The arrays of the model file."""
+    return {"X_fit": model.X_fit_, "y_train": model.y_train_, "pi": model.pi_}
+
+
+def fitted(model: GaussianProcessClassifier) -> dict[str, Any]:
+    """The fitted scalars (JSON), ``classes_`` among them.
+
+    Raises
+    ------
+    DkernError
+        The labels are not numbers, booleans or strings (they could not be restored).
+    """
+    lml = float(model.log_marginal_likelihood_value_)
+    out = {"solver_": model.solver_, "n_iter_": [int(i) for i in model.n_iter_],
+           "n_features_in_": int(model.n_features_in_), "n_classes_": int(model.n_classes_),
+           "log_marginal_likelihood_value_": lml if np.isfinite(lml) else None,
+           "classes_": _classes_json(model.classes_), "classes_dtype": model.classes_.dtype.str,
+           "X_fit_lazy": isinstance(model.X_fit_, da.Array),
+           "pi_lazy": isinstance(model.pi_, da.Array)}
+    if hasattr(model, "feature_names_in_"):
+        out["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
+    return out
+
+
+def _classes_json(classes: np.ndarray) -> list[Any]:
+    values = classes.tolist()
+    exact = classes.dtype.kind in _JSON_KINDS or (
+        classes.dtype.kind == "O" and all(isinstance(v, str) for v in values))
+    if not exact:
+        raise DkernError(f"cannot save a GaussianProcessClassifier whose classes_ have dtype "
+                         f"{classes.dtype} ({values[:3]!r}...): a model file stores the labels "
+                         "as JSON, which keeps numbers, booleans and strings only. Encode the "
+                         "labels as strings or integers and refit.")
+    return values
+
+
+def restore(model: GaussianProcessClassifier, fitted: dict[str, Any],
+            read: Callable[[str, bool], Any]) -> None:
+    """Set the fitted arrays and ``classes_``; pop their entries from ``fitted``.
+
+    ``read(name, lazy)`` opens an array of the store (dask if ``lazy``, else numpy).
+    """
+    model.X_fit_ = read("X_fit", fitted.pop("X_fit_lazy"))
+    model.pi_ = read("pi", fitted.pop("pi_lazy"))
+    model.y_train_ = read("y_train", False)
+    model.classes_ = np.asarray(fitted.pop("classes_"), dtype=np.dtype(fitted.pop("classes_dtype")))
+    model._chols = None  # rebuilt from pi_ on first use by the exact solver
+    fitted["n_iter_"] = np.asarray(fitted["n_iter_"], dtype=np.int64)
+    lml = fitted["log_marginal_likelihood_value_"]
+    fitted["log_marginal_likelihood_value_"] = float("nan") if lml is None else float(lml)
