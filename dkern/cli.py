@@ -100,10 +100,14 @@ def _krr_model(args: argparse.Namespace) -> Any:
 
 
 def _predict(args: argparse.Namespace) -> dict[str, Any]:
-    from . import GaussianProcessRegressor, load
+    from . import GaussianProcessRegressor, KernelRidge, load
 
     std_out = std_path(args)  # usage errors before the model is read
     model = load(args.model)
+    if not isinstance(model, KernelRidge | GaussianProcessRegressor):
+        raise ValueError(f"dkern predict writes regression predictions; the model "
+                         f"{args.model!r} is a {type(model).__name__}. Load it in Python "
+                         "(dkern.load) and call predict / predict_proba there.")
     is_gp = isinstance(model, GaussianProcessRegressor)
     if std_out is not None and not is_gp:
         raise ValueError(f"--std: the model {args.model!r} is a {type(model).__name__}, which "

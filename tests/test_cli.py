@@ -427,3 +427,19 @@ def test_std_of_a_kernel_ridge_model_is_refused_before_writing(capsys, saved_mod
     assert "--std: the model" in err and "is a KernelRidge, which has no predictive variance" \
         in err and "--model-type gp" in err
     assert "pred" not in list_arrays(store)
+
+
+def test_predict_with_a_classifier_model_is_refused_before_writing(capsys, saved_model,
+                                                                   tmp_path):
+    """dkern predict writes regression outputs; a saved classifier gets a clear message, not
+    a TypeError from predict(out=...)."""
+    store, _ = saved_model
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-1, 1, (40, 2))
+    model = str(tmp_path / "gpc.zarr")
+    dkern.save(dkern.GaussianProcessClassifier(optimizer=None).fit(X, X[:, 0] > 0), model)
+    code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--workers", "1")
+    assert code == 1
+    assert "is a GaussianProcessClassifier" in err and "predict_proba" in err
+    assert "pred" not in list_arrays(store)

@@ -76,9 +76,9 @@ def optimize(kernel: Kernel, lml: Likelihood, optimizer: Any, n_restarts: int,
     theta, neg_value = min(runs, key=lambda run: run[1] if np.isfinite(run[1]) else np.inf)
     if not np.isfinite(neg_value):
         raise NotPositiveDefiniteError(
-            f"no hyperparameters tried by the optimizer ({len(runs)} runs) gave a positive "
-            "definite K + alpha I (a finite likelihood); increase alpha, narrow the kernel's "
-            "bounds, or pass optimizer=None.")
+            f"no hyperparameters tried by the optimizer ({len(runs)} runs) gave a finite log "
+            "marginal likelihood: every factorisation of the kernel matrix failed. Narrow the "
+            "kernel's bounds, increase alpha (regression), or pass optimizer=None.")
     logger.info("GP optimizer: best log marginal likelihood %.6g over %d runs", -neg_value,
                 len(runs))
     return np.asarray(theta, dtype=float), float(-neg_value)
