@@ -13,19 +13,16 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from ..io import is_store_ref, write_arrays
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
-from ..solvers.sgpr import sgpr_bound, sgpr_predict
-from . import _gp_exact, _gp_sparse
-from ._gp_cg import cg_covariance, cg_variance
+from ..solvers.sgpr import sgpr_bound
+from . import _gp_exact, _gp_methods, _gp_predict, _gp_sparse
 from ._gp_optimize import check_optimizer, optimize
+from ._gp_predict import in_memory
 from ._validation import (
     as_generator,
     check_alpha,
-    check_choice,
-    check_optional_int,
     check_tol,
     check_X,
     check_y,
@@ -35,9 +32,6 @@ from .kernel_ridge import CG_PRECONDITIONER_RANK
 
 logger = logging.getLogger(__name__)
 
-#: Solvers of ``C a = y`` and variance methods this estimator offers (``"auto"`` first).
-SOLVERS = ("auto", "exact", "cg", "nystrom")
-VARIANCES = ("auto", "exact", "cg", "nystrom")
 #: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
 MAX_COV_BYTES = 2**30
 
@@ -193,13 +187,14 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         kernel = checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
             self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
                                 constant_bounds="fixed"))
-        solver, variance = self._checked_methods()
+        solver, variance = _gp_methods.checked_methods(self.solver, self.variance,
+                                                       self.n_centers)
         tol = check_tol(self.tol)
         check_optimizer(self.optimizer, self.n_restarts_optimizer)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
         n = Xv.shape[0]
-        solver, variance = self._resolve(solver, variance, n)
+        solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, n)
         alpha = self._checked_alpha(solver)
         for stale in ("L_", "centers_", "_stats"):
             self.__dict__.pop(stale, None)
@@ -221,43 +216,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
         return self
-
-    def _checked_methods(self) -> tuple[str, str]:
-        solver = check_choice(self.solver, "solver", SOLVERS)
-        variance = check_choice(self.variance, "variance", VARIANCES)
-        check_optional_int(self.n_centers, "n_centers", 1)
-        if self.n_centers is not None and solver in ("exact", "cg"):
-            raise ValueError(f"n_centers={self.n_centers!r} sets the centres of the sparse GP, "
-                             f"solver='nystrom'; solver={solver!r} uses every training row. "
-                             "Leave n_centers=None, or use solver='nystrom'.")
-        return solver, variance
-
-    def _resolve(self, solver: str, variance: str, n: int) -> tuple[str, str]:
-        if solver == "auto":  # never a less accurate model unasked: cg is exact to tol
-            if self.n_centers is not None:
-                solver, why = "nystrom", f"n_centers={self.n_centers} was given"
-            else:
-                solver = "exact" if n <= EXACT_MAX_N else "cg"
-                why = f"n={n}, EXACT_MAX_N={EXACT_MAX_N}"
-            logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
-        if solver == "exact" and n > EXACT_MAX_N:
-            raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
-                             f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
-        if solver == "nystrom" and self.n_centers is not None and self.n_centers > n:
-            raise ValueError(f"n_centers={self.n_centers} is more centres than the {n} training "
-                             f"rows (centres are distinct rows of X); use n_centers <= {n}.")
-        if variance == "auto":
-            variance = solver
-        if (variance == "nystrom") != (solver == "nystrom"):
-            raise ValueError(f"variance='nystrom' is the sparse GP's own predictive and goes with "
-                             f"solver='nystrom' only; got solver={solver!r}, variance="
-                             f"{variance!r}. Use solver='nystrom' with variance='nystrom' or "
-                             "'auto', or another variance with another solver.")
-        if variance == "exact" and solver != "exact":
-            raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
-                             f"solver={solver!r}. Use variance='cg' (exact to tol) or "
-                             "solver='exact'.")
-        return solver, variance
 
     def _checked_alpha(self, solver: str) -> float:
         if np.ndim(self.alpha) != 0:
@@ -288,7 +246,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                              "maximise the sparse GP's bound with solver='nystrom'.")
         if not learn:
             return kernel
-        Xn, yn = _in_memory(X), _in_memory(y).reshape(n, -1)
+        Xn, yn = in_memory(X), in_memory(y).reshape(n, -1)
 
         def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
             return _gp_exact.log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
@@ -317,7 +275,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
 
     def _fit_exact(self, X: np.ndarray, y: Any, alpha: float) -> None:
         L = _gp_exact.cholesky(self.kernel_, X, alpha)
-        yn = _in_memory(y)
+        yn = in_memory(y)
         self.L_ = L
         self.alpha_ = np.ascontiguousarray(sla.cho_solve((L, True), yn, check_finite=False))
         if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
@@ -335,7 +293,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         n = X.shape[0]
         if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
             self.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
-                self.kernel_, _in_memory(X), _in_memory(y).reshape(n, -1), alpha, False)[0]
+                self.kernel_, in_memory(X), in_memory(y).reshape(n, -1), alpha, False)[0]
 
     def _operator(self, alpha: float) -> Any:
         return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
@@ -389,72 +347,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
         if return_cov:
             _check_cov_size(Xw.shape[0])
-        lazy = isinstance(Xw, da.Array)
-        mean: Any
-        var: Any
-        if self.solver_ == "nystrom":  # mean and variance from one pass over the test rows
-            latent, var = sgpr_predict(self._stats, self._checked_alpha("nystrom"), Xw)
-            mean, var = self._unnormalized(latent), var if return_std else None
-            if return_std and not lazy and out is None:
-                mean, var = dask.compute(mean, var)
-        else:
-            mean = self._mean(Xw)
-            var = self._latent_variance(Xw) if return_std else None
-        if return_cov:
-            cov = self._latent_covariance(_in_memory(Xw))
-            return _in_memory(mean), self._scaled(cov, power=2)
-        std = None if var is None else self._scaled(
-            da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var), power=1)
-        return self._deliver(mean, std, lazy, out, overwrite)
-
-    def _mean(self, X: Any) -> da.Array:
-        return self._unnormalized(gram(self.kernel_, X, self.X_train_, backend=self.backend,
-                                       dtype=np.float64) @ self.alpha_)
-
-    def _unnormalized(self, latent: Any) -> Any:
-        """Means in the units of y (undoing ``normalize_y``)."""
-        if self.alpha_.ndim == 1:
-            return latent * self._y_train_std[0] + self._y_train_mean[0]
-        return latent * self._y_train_std + self._y_train_mean
-
-    def _scaled(self, latent: Any, power: int) -> Any:
-        """Latent std (power 1) or covariance (power 2) in the units of y, per target."""
-        if self.alpha_.ndim == 1:
-            return latent * self._y_train_std[0] ** power
-        factor = self._y_train_std ** power
-        return latent[..., None] * factor
-
-    def _deliver(self, mean: da.Array, std: Any, lazy: bool, out: Any, overwrite: bool) -> Any:
-        if out is not None:
-            _write_prediction(out, mean, std, overwrite)
-            return out
-        if lazy:
-            return mean if std is None else (mean, std)
-        return _in_memory(mean) if std is None else (_in_memory(mean), std)
-
-    def _latent_variance(self, X: Any) -> Any:
-        """``k(x*, x*) - k_*ᵀ C⁻¹ k_*``: numpy (m,) for numpy X, dask for dask X."""
-        if self.variance_ == "exact":
-            if isinstance(X, np.ndarray):
-                return _gp_exact.variance(self.kernel_, np.asarray(self.X_train_), self.L_, X)
-            return da.map_blocks(_gp_exact.variance_block, X, drop_axis=1, dtype=np.float64,
-                                 meta=np.empty((0,)), kernel=self.kernel_,
-                                 X=dask.delayed(self.X_train_), L=dask.delayed(self.L_))
-        alpha = self._checked_alpha("cg")
-        var = cg_variance(self.kernel_, self.X_train_, self._operator(alpha),
-                          self._cg_preconditioner(alpha), _in_memory(X),
-                          tol=check_tol(self.tol), backend=self.backend)
-        return da.from_array(var, chunks=(X.chunks[0],)) if isinstance(X, da.Array) else var
-
-    def _latent_covariance(self, Xt: np.ndarray) -> np.ndarray:
-        if self.variance_ == "nystrom":
-            return _gp_sparse.covariance(self._stats, self._checked_alpha("nystrom"), Xt)
-        if self.variance_ == "exact":
-            return _gp_exact.covariance(self.kernel_, np.asarray(self.X_train_), self.L_, Xt)
-        alpha = self._checked_alpha("cg")
-        return cg_covariance(self.kernel_, self.X_train_, self._operator(alpha),
-                             self._cg_preconditioner(alpha), Xt, tol=check_tol(self.tol),
-                             backend=self.backend)
+        return _gp_predict.predict(self, Xw, return_std, return_cov, out, overwrite)
 
     # ------------------------------------------------- likelihood and samples
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
@@ -491,7 +384,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
                              f"model has n={n}. Evaluate it on a subsample.")
         value, grad = _gp_exact.log_marginal_likelihood(
-            kernel, _in_memory(self.X_train_), _in_memory(self.y_train_).reshape(n, -1),
+            kernel, in_memory(self.X_train_), in_memory(self.y_train_).reshape(n, -1),
             self._checked_alpha(self.solver_), eval_gradient)
         return (value, grad) if eval_gradient else value
 
@@ -520,10 +413,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return np.hstack(draws)
 
 
-def _in_memory(a: Any) -> np.ndarray:
-    return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)
-
-
 def _legacy_seed(random_state: Any) -> Any:
     """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
     if isinstance(random_state, np.random.Generator):
@@ -537,11 +426,3 @@ def _check_cov_size(m: int) -> None:
                          f"({8 * m * m / 2**30:.1f} GiB), more than the {MAX_COV_BYTES / 2**30:g} "
                          "GiB allowed (MAX_COV_BYTES). Use return_std=True for the pointwise "
                          "standard deviations, or ask for the covariance of fewer points.")
-
-
-def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> None:
-    if not is_store_ref(out):
-        raise TypeError(f"out must be a (url, group) tuple: a str or path-like store and a str "
-                        f"group path, e.g. ('preds.zarr', 'gp'); got {out!r}.")
-    arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
-    write_arrays(out[0], arrays, group=out[1], overwrite=overwrite)
