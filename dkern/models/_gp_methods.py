@@ -4,6 +4,7 @@ its parameter checks and the ``"auto"`` choices, with errors that name the fix."
 from __future__ import annotations
 
 import logging
+from numbers import Integral
 
 from ..solvers import EXACT_MAX_N
 from ._validation import check_choice, check_optional_int
@@ -13,15 +14,16 @@ logger = logging.getLogger("dkern.models.gaussian_process")
 
 #: Solvers of ``C a = y`` and variance methods the estimator offers (``"auto"`` first).
 SOLVERS = ("auto", "exact", "cg", "nystrom")
-VARIANCES = ("auto", "exact", "cg", "nystrom")
+VARIANCES = ("auto", "exact", "cg", "lanczos", "nystrom")
 
 
-def checked_methods(solver: object, variance: object,
-                    n_centers: object) -> tuple[str, str]:
+def checked_methods(solver: object, variance: object, n_centers: object,
+                    lanczos_rank: object) -> tuple[str, str]:
     """The ``solver`` and ``variance`` parameters, checked before any data is read."""
     solver = check_choice(solver, "solver", SOLVERS)
     variance = check_choice(variance, "variance", VARIANCES)
     check_optional_int(n_centers, "n_centers", 1)
+    checked_lanczos_rank(lanczos_rank)
     if n_centers is not None and solver in ("exact", "cg"):
         raise ValueError(f"n_centers={n_centers!r} sets the centres of the sparse GP, "
                          f"solver='nystrom'; solver={solver!r} uses every training row. "
@@ -46,6 +48,12 @@ def resolve(solver: str, variance: str, n_centers: int | None, n: int) -> tuple[
                          f"rows (centres are distinct rows of X); use n_centers <= {n}.")
     if variance == "auto":
         variance = solver
+    if variance == "lanczos" and solver == "nystrom":
+        raise ValueError("variance='lanczos' decomposes the exact GP's C = K + alpha I over all "
+                         "training rows; solver='nystrom' fits the sparse GP, whose predictive "
+                         "variance is variance='nystrom'. Use solver='exact' or 'cg' with "
+                         "variance='lanczos', or variance='nystrom' (or 'auto') with "
+                         "solver='nystrom'.")
     if (variance == "nystrom") != (solver == "nystrom"):
         raise ValueError(f"variance='nystrom' is the sparse GP's own predictive and goes with "
                          f"solver='nystrom' only; got solver={solver!r}, variance="
@@ -56,3 +64,11 @@ def resolve(solver: str, variance: str, n_centers: int | None, n: int) -> tuple[
                          f"solver={solver!r}. Use variance='cg' (exact to tol) or "
                          "solver='exact'.")
     return solver, variance
+
+
+def checked_lanczos_rank(value: object) -> int:
+    """``lanczos_rank`` as an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"lanczos_rank must be an integer >= 1 (the Lanczos steps k of "
+                         f"variance='lanczos'); got {value!r}. Use e.g. lanczos_rank=100.")
+    return int(value)

@@ -2,7 +2,8 @@
 
 The mean ``K(X*, X) alpha_`` (or the sparse GP's), and the latent variance or covariance
 by the model's ``variance_`` method: ``"exact"`` (triangular solves with ``L_``,
-:mod:`._gp_exact`), ``"cg"`` (block CG per batch of test points, :mod:`._gp_cg`) or
+:mod:`._gp_exact`), ``"cg"`` (block CG per batch of test points, :mod:`._gp_cg`),
+``"lanczos"`` (LOVE's decomposition, cached on the model, :mod:`._gp_lanczos`) or
 ``"nystrom"`` (the SGPR predictive, :mod:`._gp_sparse`); then undone ``normalize_y``
 and delivered as numpy, lazy dask, or written chunk by chunk to a Zarr group.
 """
@@ -18,7 +19,7 @@ import numpy as np
 from ..io import is_store_ref, write_arrays
 from ..operators import gram
 from ..solvers.sgpr import sgpr_predict
-from . import _gp_exact, _gp_sparse
+from . import _gp_exact, _gp_lanczos, _gp_sparse
 from ._gp_cg import cg_covariance, cg_variance
 from ._validation import check_tol
 
@@ -78,6 +79,9 @@ def _latent_variance(gp: GaussianProcessRegressor, X: Any) -> Any:
                              meta=np.empty((0,)), kernel=gp.kernel_,
                              X=dask.delayed(gp.X_train_), L=dask.delayed(gp.L_))
     alpha = gp._checked_alpha("cg")
+    if gp.variance_ == "lanczos":
+        return _gp_lanczos.variance(gp._lanczos_decomposition(alpha), gp.kernel_, gp.X_train_,
+                                    X, gp.backend)
     var = cg_variance(gp.kernel_, gp.X_train_, gp._operator(alpha),
                       gp._cg_preconditioner(alpha), in_memory(X),
                       tol=check_tol(gp.tol), backend=gp.backend)
@@ -90,6 +94,9 @@ def _latent_covariance(gp: GaussianProcessRegressor, Xt: np.ndarray) -> np.ndarr
     if gp.variance_ == "exact":
         return _gp_exact.covariance(gp.kernel_, np.asarray(gp.X_train_), gp.L_, Xt)
     alpha = gp._checked_alpha("cg")
+    if gp.variance_ == "lanczos":
+        return _gp_lanczos.covariance(gp._lanczos_decomposition(alpha), gp.kernel_,
+                                      gp.X_train_, Xt, gp.backend)
     return cg_covariance(gp.kernel_, gp.X_train_, gp._operator(alpha),
                          gp._cg_preconditioner(alpha), Xt, tol=check_tol(gp.tol),
                          backend=gp.backend)

@@ -16,8 +16,9 @@ from sklearn.utils.validation import check_is_fitted
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
+from ..solvers.lanczos import LanczosResult
 from ..solvers.sgpr import sgpr_bound
-from . import _gp_exact, _gp_methods, _gp_predict, _gp_sparse
+from . import _gp_exact, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
 from ._gp_optimize import check_optimizer, optimize
 from ._gp_predict import in_memory
 from ._validation import (
@@ -73,21 +74,32 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         ``"auto"``: ``"nystrom"`` only when ``n_centers`` is given (a less accurate
         model is never chosen unasked); otherwise ``"exact"`` up to ``EXACT_MAX_N``
         rows, ``"cg"`` above. The choice is logged at INFO level.
-    variance : {"auto", "exact", "cg", "nystrom"}, default="auto"
+    variance : {"auto", "exact", "cg", "lanczos", "nystrom"}, default="auto"
         How ``k_*ᵀ C⁻¹ k_*`` is computed. ``"exact"``: triangular solves with the
         Cholesky factor, O(n² m), exact to rounding (needs ``solver="exact"``).
         ``"cg"``: block CG with the columns ``k(X, x*)`` of batches of test points as
         right-hand sides, each batch costing one CG solve (exact to ``tol``; for
-        moderate numbers of test points). ``"nystrom"`` (with ``solver="nystrom"``
-        only): the SGPR predictive variance ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²)
-        per test point from the M-sized statistics, in ``[0, k(x*, x*)]``; its error
+        moderate numbers of test points). ``"lanczos"`` (with ``"exact"`` or ``"cg"``,
+        alpha > 0): LOVE (:mod:`dkern.solvers.lanczos`), ``C⁻¹ ≈ V H⁻¹ Vᵀ`` on the span
+        V of the CG preconditioner's r = ``CG_PRECONDITIONER_RANK`` columns (all rows
+        when n <= r) and k = ``lanczos_rank`` Lanczos vectors: k + r matvecs with C
+        once, on the first prediction that needs variances (not saved in model files,
+        which recompute it); then one product ``K(X*, X) V`` with k + r columns per
+        test batch. Its variances lie between the exact ones and the prior
+        (``V H⁻¹ Vᵀ ≼ C⁻¹``), and their error does not grow with k (measured errors:
+        benchmarks/RESULTS.md). The means still come from ``alpha_``.
+        ``"nystrom"`` (with ``solver="nystrom"`` only): the SGPR predictive variance
+        ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²) per test point from the M-sized
+        statistics, in ``[0, k(x*, x*)]``; its error
         against the exact GP's is that of the sparse model (zero with all rows as
-        centres). ``"auto"``: the solver's own method.
+        centres). ``"auto"``: the solver's own method (never ``"lanczos"``).
     n_centers : int, optional
         M for ``"nystrom"``, drawn uniformly from X's rows by
         :func:`dkern.solvers.select_centers` (seeded by ``random_state``). Default
         ``round(√n)``, at most 10,000, as :class:`dkern.KernelRidge`'s. Giving it with
         ``solver="auto"`` asks for ``"nystrom"``; refused with ``"exact"``/``"cg"``.
+    lanczos_rank : int, default=100
+        k, the Lanczos steps of ``variance="lanczos"`` (at most n − r); unused otherwise.
     optimizer : "lbfgs", callable or None, default="lbfgs"
         Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
         (L-BFGS-B in log space with the analytic gradient): the exact one for
@@ -148,10 +160,11 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     converged_: bool
     n_features_in_: int
     _preconditioner: NystromPreconditioner | None
+    _lanczos: LanczosResult | None
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
-                 optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
+                 lanczos_rank: int = 100, optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
                  normalize_y: bool = False, tol: float = 1e-8, backend: str = "auto",
                  random_state: Any = None) -> None:
         self.kernel = kernel
@@ -159,6 +172,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.solver = solver
         self.variance = variance
         self.n_centers = n_centers
+        self.lanczos_rank = lanczos_rank
         self.optimizer = optimizer
         self.n_restarts_optimizer = n_restarts_optimizer
         self.normalize_y = normalize_y
@@ -188,7 +202,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
                                 constant_bounds="fixed"))
         solver, variance = _gp_methods.checked_methods(self.solver, self.variance,
-                                                       self.n_centers)
+                                                       self.n_centers, self.lanczos_rank)
         tol = check_tol(self.tol)
         check_optimizer(self.optimizer, self.n_restarts_optimizer)
         Xv = check_X(self, X, reset=True)
@@ -196,9 +210,12 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         n = Xv.shape[0]
         solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, n)
         alpha = self._checked_alpha(solver)
+        if variance == "lanczos" and alpha == 0:
+            raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
+                             "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
         for stale in ("L_", "centers_", "_stats"):
             self.__dict__.pop(stale, None)
-        self._preconditioner = None
+        self._preconditioner = self._lanczos = None
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)  # the precision rule
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
@@ -307,6 +324,15 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                 self.kernel_, self.X_train_, alpha, min(n, CG_PRECONDITIONER_RANK),
                 pivots="rpcholesky", random_state=as_generator(self.random_state))
         return pre
+
+    def _lanczos_decomposition(self, alpha: float) -> LanczosResult:
+        """LOVE's decomposition of ``C``, computed on first use per fitted (or loaded) model."""
+        result = getattr(self, "_lanczos", None)
+        if result is None:
+            result = self._lanczos = _gp_lanczos.decomposition(
+                self._operator(alpha), self.y_train_, self._cg_preconditioner(alpha),
+                _gp_methods.checked_lanczos_rank(self.lanczos_rank))
+        return result
 
     # ------------------------------------------------------------- predict
     def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
