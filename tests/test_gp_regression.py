@@ -17,7 +17,7 @@ import dkern
 from dkern import GaussianProcessRegressor
 from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError
 from dkern.kernels import Gaussian, Matern, Scaled
-from dkern.models import _gp_methods, _gp_optimize, gaussian_process
+from dkern.models import _gp_fit, _gp_methods, _gp_optimize, gaussian_process
 from dkern.solvers.lanczos import LanczosResult, lanczos_predict
 
 # Output scale, lengthscale and noise variance of the fixed-hyperparameter comparisons.
@@ -372,8 +372,8 @@ def test_bad_parameters_are_named(params, match):
 
 
 def test_exact_beyond_the_dense_limit_is_refused(monkeypatch):
-    monkeypatch.setattr(gaussian_process, "EXACT_MAX_N", 40)
-    monkeypatch.setattr(_gp_methods, "EXACT_MAX_N", 40)
+    monkeypatch.setattr(_gp_methods, "EXACT_MAX_N", 40)  # the solver choice
+    monkeypatch.setattr(_gp_fit, "EXACT_MAX_N", 40)  # the optimizer's exact likelihood
     with pytest.raises(ValueError, match="solver='exact' holds the dense"):
         our_gp(solver="exact").fit(X_TRAIN[:50], Y_TRAIN[:50])
     with pytest.raises(ValueError, match="Learn them on a subsample"):

@@ -8,18 +8,16 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-import scipy.linalg as sla
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
-from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
+from ..solvers import EXACT_MAX_N, NystromPreconditioner
 from ..solvers.lanczos import LanczosResult
-from ..solvers.sgpr import sgpr_bound
-from . import _gp_exact, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
-from ._gp_optimize import check_optimizer, optimize
+from . import _gp_exact, _gp_fit, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
+from ._gp_optimize import check_optimizer
 from ._gp_predict import in_memory
 from ._validation import (
     as_generator,
@@ -222,13 +220,13 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         yw = self._normalized(yv)
         self.X_train_, self.y_train_ = Xw, yw
         if solver == "nystrom":
-            self._fit_sparse(kernel, Xw, yw, alpha)
+            _gp_fit.fit_sparse(self, kernel, Xw, yw, alpha)
         else:
-            self.kernel_ = self._learned_kernel(kernel, Xw, yw, alpha, n)
+            self.kernel_ = _gp_fit.learned_kernel(self, kernel, Xw, yw, alpha, n)
         if solver == "exact":
-            self._fit_exact(np.asarray(Xw), yw, alpha)
+            _gp_fit.fit_exact(self, np.asarray(Xw), yw, alpha)
         elif solver == "cg":
-            self._fit_cg(Xw, yw, alpha, tol)
+            _gp_fit.fit_cg(self, Xw, yw, alpha, tol)
         self.solver_, self.variance_ = solver, variance
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
@@ -251,66 +249,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             std = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)  # constant targets
         self._y_train_mean, self._y_train_std = mean, std
         return (y - (mean[0] if y.ndim == 1 else mean)) / (std[0] if y.ndim == 1 else std)
-
-    def _learned_kernel(self, kernel: Kernel, X: Any, y: Any, alpha: float, n: int) -> Kernel:
-        """The kernel with the learned hyperparameters; sets the LML unless the solve will."""
-        self.log_marginal_likelihood_value_ = float("nan")  # above EXACT_MAX_N: not computed
-        learn = self.optimizer is not None and len(kernel.theta) > 0
-        if learn and n > EXACT_MAX_N:
-            raise ValueError(f"learning hyperparameters (optimizer={self.optimizer!r}) uses the "
-                             f"exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
-                             "Learn them on a subsample and refit with optimizer=None, or "
-                             "maximise the sparse GP's bound with solver='nystrom'.")
-        if not learn:
-            return kernel
-        Xn, yn = in_memory(X), in_memory(y).reshape(n, -1)
-
-        def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
-            return _gp_exact.log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
-
-        theta, value = optimize(kernel, lml, self.optimizer, self.n_restarts_optimizer,
-                                check_random_state(_legacy_seed(self.random_state)))
-        self.log_marginal_likelihood_value_ = value
-        return kernel.with_theta(theta)
-
-    def _fit_sparse(self, kernel: Kernel, X: Any, y: Any, alpha: float) -> None:
-        """SGPR: centres, the kernel maximising the bound (if ``optimizer``), its statistics."""
-        Xd, Yd = _gp_sparse.training_data(X, y)  # numpy X is sent to the cluster once
-        Z = _gp_sparse.centers(Xd, self.n_centers, as_generator(self.random_state))
-        bound = _gp_sparse.SparseBound(Xd, Yd, Z, alpha)
-        if self.optimizer is not None and len(kernel.theta) > 0:
-            theta, _ = optimize(kernel, bound, self.optimizer, self.n_restarts_optimizer,
-                                check_random_state(_legacy_seed(self.random_state)))
-            kernel = kernel.with_theta(theta)
-        self.kernel_ = kernel
-        self._stats = bound.statistics(kernel)  # the optimizer's last pass, when it ended here
-        self.log_marginal_likelihood_value_ = sgpr_bound(self._stats, alpha)
-        w = _gp_sparse.weights(self._stats, alpha)
-        self.alpha_ = np.ascontiguousarray(w[:, 0] if y.ndim == 1 else w)
-        self.centers_ = Z
-        self.n_iter_, self.converged_ = 1, True  # direct M x M factorisations
-
-    def _fit_exact(self, X: np.ndarray, y: Any, alpha: float) -> None:
-        L = _gp_exact.cholesky(self.kernel_, X, alpha)
-        yn = in_memory(y)
-        self.L_ = L
-        self.alpha_ = np.ascontiguousarray(sla.cho_solve((L, True), yn, check_finite=False))
-        if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
-            yt = yn.reshape(len(yn), -1)
-            self.log_marginal_likelihood_value_ = _gp_exact.lml_from_factor(
-                L, yt, self.alpha_.reshape(yt.shape))
-        self.n_iter_, self.converged_ = 1, True
-
-    def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float) -> None:
-        result = cg(self._operator(alpha), y, preconditioner=self._cg_preconditioner(alpha),
-                    tol=tol)
-        self.alpha_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
-                       else result.x)
-        self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
-        n = X.shape[0]
-        if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
-            self.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
-                self.kernel_, in_memory(X), in_memory(y).reshape(n, -1), alpha, False)[0]
 
     def _operator(self, alpha: float) -> Any:
         return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
@@ -348,7 +286,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             Also return the latent covariance (m, m); for m up to
             ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``. For
             ``"nystrom"`` the SGPR posterior covariance (positive semi-definite; see
-            ``dkern.models._gp_sparse``), so ``sample_y`` works for it too.
+            ``dkern.models._gp_sparse``), for ``"lanczos"`` ``K** − W H⁻¹ Wᵀ`` with
+            ``W = K(X*, X) V`` (PSD: it exceeds the exact one), so ``sample_y`` works
+            for both too.
         out : (url, group), optional
             Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
             ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
@@ -437,13 +377,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         draws = [rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
                  for k in range(mean.shape[1])]
         return np.hstack(draws)
-
-
-def _legacy_seed(random_state: Any) -> Any:
-    """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(np.iinfo(np.int32).max))
-    return random_state
 
 
 def _check_cov_size(m: int) -> None:
