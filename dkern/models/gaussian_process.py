@@ -8,24 +8,20 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-import scipy.linalg as sla
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from ..io import is_store_ref, write_arrays
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
-from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg
-from ..solvers.sgpr import sgpr_bound, sgpr_predict
-from . import _gp_exact, _gp_sparse
-from ._gp_cg import cg_covariance, cg_variance
-from ._gp_optimize import check_optimizer, optimize
+from ..solvers import EXACT_MAX_N, NystromPreconditioner
+from ..solvers.lanczos import LanczosResult
+from . import _gp_exact, _gp_fit, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
+from ._gp_optimize import check_optimizer
+from ._gp_predict import in_memory
 from ._validation import (
     as_generator,
     check_alpha,
-    check_choice,
-    check_optional_int,
     check_tol,
     check_X,
     check_y,
@@ -35,9 +31,6 @@ from .kernel_ridge import CG_PRECONDITIONER_RANK
 
 logger = logging.getLogger(__name__)
 
-#: Solvers of ``C a = y`` and variance methods this estimator offers (``"auto"`` first).
-SOLVERS = ("auto", "exact", "cg", "nystrom")
-VARIANCES = ("auto", "exact", "cg", "nystrom")
 #: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
 MAX_COV_BYTES = 2**30
 
@@ -79,21 +72,32 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         ``"auto"``: ``"nystrom"`` only when ``n_centers`` is given (a less accurate
         model is never chosen unasked); otherwise ``"exact"`` up to ``EXACT_MAX_N``
         rows, ``"cg"`` above. The choice is logged at INFO level.
-    variance : {"auto", "exact", "cg", "nystrom"}, default="auto"
+    variance : {"auto", "exact", "cg", "lanczos", "nystrom"}, default="auto"
         How ``k_*ᵀ C⁻¹ k_*`` is computed. ``"exact"``: triangular solves with the
         Cholesky factor, O(n² m), exact to rounding (needs ``solver="exact"``).
         ``"cg"``: block CG with the columns ``k(X, x*)`` of batches of test points as
         right-hand sides, each batch costing one CG solve (exact to ``tol``; for
-        moderate numbers of test points). ``"nystrom"`` (with ``solver="nystrom"``
-        only): the SGPR predictive variance ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²)
-        per test point from the M-sized statistics, in ``[0, k(x*, x*)]``; its error
+        moderate numbers of test points). ``"lanczos"`` (with ``"exact"`` or ``"cg"``,
+        alpha > 0): LOVE (:mod:`dkern.solvers.lanczos`), ``C⁻¹ ≈ V H⁻¹ Vᵀ`` on the span
+        V of the CG preconditioner's r = ``CG_PRECONDITIONER_RANK`` columns (all rows
+        when n <= r) and k = ``lanczos_rank`` Lanczos vectors: k + r matvecs with C
+        once, on the first prediction that needs variances (not saved in model files,
+        which recompute it); then one product ``K(X*, X) V`` with k + r columns per
+        test batch. Its variances lie between the exact ones and the prior
+        (``V H⁻¹ Vᵀ ≼ C⁻¹``), and their error does not grow with k (measured errors:
+        benchmarks/RESULTS.md). The means still come from ``alpha_``.
+        ``"nystrom"`` (with ``solver="nystrom"`` only): the SGPR predictive variance
+        ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²) per test point from the M-sized
+        statistics, in ``[0, k(x*, x*)]``; its error
         against the exact GP's is that of the sparse model (zero with all rows as
-        centres). ``"auto"``: the solver's own method.
+        centres). ``"auto"``: the solver's own method (never ``"lanczos"``).
     n_centers : int, optional
         M for ``"nystrom"``, drawn uniformly from X's rows by
         :func:`dkern.solvers.select_centers` (seeded by ``random_state``). Default
         ``round(√n)``, at most 10,000, as :class:`dkern.KernelRidge`'s. Giving it with
         ``solver="auto"`` asks for ``"nystrom"``; refused with ``"exact"``/``"cg"``.
+    lanczos_rank : int, default=100
+        k, the Lanczos steps of ``variance="lanczos"`` (at most n − r); unused otherwise.
     optimizer : "lbfgs", callable or None, default="lbfgs"
         Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
         (L-BFGS-B in log space with the analytic gradient): the exact one for
@@ -154,10 +158,11 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     converged_: bool
     n_features_in_: int
     _preconditioner: NystromPreconditioner | None
+    _lanczos: LanczosResult | None
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
-                 optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
+                 lanczos_rank: int = 100, optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
                  normalize_y: bool = False, tol: float = 1e-8, backend: str = "auto",
                  random_state: Any = None) -> None:
         self.kernel = kernel
@@ -165,6 +170,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.solver = solver
         self.variance = variance
         self.n_centers = n_centers
+        self.lanczos_rank = lanczos_rank
         self.optimizer = optimizer
         self.n_restarts_optimizer = n_restarts_optimizer
         self.normalize_y = normalize_y
@@ -193,71 +199,38 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         kernel = checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
             self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
                                 constant_bounds="fixed"))
-        solver, variance = self._checked_methods()
+        solver, variance = _gp_methods.checked_methods(self.solver, self.variance,
+                                                       self.n_centers, self.lanczos_rank)
         tol = check_tol(self.tol)
         check_optimizer(self.optimizer, self.n_restarts_optimizer)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
         n = Xv.shape[0]
-        solver, variance = self._resolve(solver, variance, n)
+        solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, n)
         alpha = self._checked_alpha(solver)
+        if variance == "lanczos" and alpha == 0:
+            raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
+                             "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
         for stale in ("L_", "centers_", "_stats"):
             self.__dict__.pop(stale, None)
-        self._preconditioner = None
+        self._preconditioner = self._lanczos = None
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)  # the precision rule
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
         yw = self._normalized(yv)
         self.X_train_, self.y_train_ = Xw, yw
         if solver == "nystrom":
-            self._fit_sparse(kernel, Xw, yw, alpha)
+            _gp_fit.fit_sparse(self, kernel, Xw, yw, alpha)
         else:
-            self.kernel_ = self._learned_kernel(kernel, Xw, yw, alpha, n)
+            self.kernel_ = _gp_fit.learned_kernel(self, kernel, Xw, yw, alpha, n)
         if solver == "exact":
-            self._fit_exact(np.asarray(Xw), yw, alpha)
+            _gp_fit.fit_exact(self, np.asarray(Xw), yw, alpha)
         elif solver == "cg":
-            self._fit_cg(Xw, yw, alpha, tol)
+            _gp_fit.fit_cg(self, Xw, yw, alpha, tol)
         self.solver_, self.variance_ = solver, variance
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
         return self
-
-    def _checked_methods(self) -> tuple[str, str]:
-        solver = check_choice(self.solver, "solver", SOLVERS)
-        variance = check_choice(self.variance, "variance", VARIANCES)
-        check_optional_int(self.n_centers, "n_centers", 1)
-        if self.n_centers is not None and solver in ("exact", "cg"):
-            raise ValueError(f"n_centers={self.n_centers!r} sets the centres of the sparse GP, "
-                             f"solver='nystrom'; solver={solver!r} uses every training row. "
-                             "Leave n_centers=None, or use solver='nystrom'.")
-        return solver, variance
-
-    def _resolve(self, solver: str, variance: str, n: int) -> tuple[str, str]:
-        if solver == "auto":  # never a less accurate model unasked: cg is exact to tol
-            if self.n_centers is not None:
-                solver, why = "nystrom", f"n_centers={self.n_centers} was given"
-            else:
-                solver = "exact" if n <= EXACT_MAX_N else "cg"
-                why = f"n={n}, EXACT_MAX_N={EXACT_MAX_N}"
-            logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
-        if solver == "exact" and n > EXACT_MAX_N:
-            raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
-                             f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
-        if solver == "nystrom" and self.n_centers is not None and self.n_centers > n:
-            raise ValueError(f"n_centers={self.n_centers} is more centres than the {n} training "
-                             f"rows (centres are distinct rows of X); use n_centers <= {n}.")
-        if variance == "auto":
-            variance = solver
-        if (variance == "nystrom") != (solver == "nystrom"):
-            raise ValueError(f"variance='nystrom' is the sparse GP's own predictive and goes with "
-                             f"solver='nystrom' only; got solver={solver!r}, variance="
-                             f"{variance!r}. Use solver='nystrom' with variance='nystrom' or "
-                             "'auto', or another variance with another solver.")
-        if variance == "exact" and solver != "exact":
-            raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
-                             f"solver={solver!r}. Use variance='cg' (exact to tol) or "
-                             "solver='exact'.")
-        return solver, variance
 
     def _checked_alpha(self, solver: str) -> float:
         if np.ndim(self.alpha) != 0:
@@ -277,66 +250,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self._y_train_mean, self._y_train_std = mean, std
         return (y - (mean[0] if y.ndim == 1 else mean)) / (std[0] if y.ndim == 1 else std)
 
-    def _learned_kernel(self, kernel: Kernel, X: Any, y: Any, alpha: float, n: int) -> Kernel:
-        """The kernel with the learned hyperparameters; sets the LML unless the solve will."""
-        self.log_marginal_likelihood_value_ = float("nan")  # above EXACT_MAX_N: not computed
-        learn = self.optimizer is not None and len(kernel.theta) > 0
-        if learn and n > EXACT_MAX_N:
-            raise ValueError(f"learning hyperparameters (optimizer={self.optimizer!r}) uses the "
-                             f"exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
-                             "Learn them on a subsample and refit with optimizer=None, or "
-                             "maximise the sparse GP's bound with solver='nystrom'.")
-        if not learn:
-            return kernel
-        Xn, yn = _in_memory(X), _in_memory(y).reshape(n, -1)
-
-        def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
-            return _gp_exact.log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
-
-        theta, value = optimize(kernel, lml, self.optimizer, self.n_restarts_optimizer,
-                                check_random_state(_legacy_seed(self.random_state)))
-        self.log_marginal_likelihood_value_ = value
-        return kernel.with_theta(theta)
-
-    def _fit_sparse(self, kernel: Kernel, X: Any, y: Any, alpha: float) -> None:
-        """SGPR: centres, the kernel maximising the bound (if ``optimizer``), its statistics."""
-        Xd, Yd = _gp_sparse.training_data(X, y)  # numpy X is sent to the cluster once
-        Z = _gp_sparse.centers(Xd, self.n_centers, as_generator(self.random_state))
-        bound = _gp_sparse.SparseBound(Xd, Yd, Z, alpha)
-        if self.optimizer is not None and len(kernel.theta) > 0:
-            theta, _ = optimize(kernel, bound, self.optimizer, self.n_restarts_optimizer,
-                                check_random_state(_legacy_seed(self.random_state)))
-            kernel = kernel.with_theta(theta)
-        self.kernel_ = kernel
-        self._stats = bound.statistics(kernel)  # the optimizer's last pass, when it ended here
-        self.log_marginal_likelihood_value_ = sgpr_bound(self._stats, alpha)
-        w = _gp_sparse.weights(self._stats, alpha)
-        self.alpha_ = np.ascontiguousarray(w[:, 0] if y.ndim == 1 else w)
-        self.centers_ = Z
-        self.n_iter_, self.converged_ = 1, True  # direct M x M factorisations
-
-    def _fit_exact(self, X: np.ndarray, y: Any, alpha: float) -> None:
-        L = _gp_exact.cholesky(self.kernel_, X, alpha)
-        yn = _in_memory(y)
-        self.L_ = L
-        self.alpha_ = np.ascontiguousarray(sla.cho_solve((L, True), yn, check_finite=False))
-        if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
-            yt = yn.reshape(len(yn), -1)
-            self.log_marginal_likelihood_value_ = _gp_exact.lml_from_factor(
-                L, yt, self.alpha_.reshape(yt.shape))
-        self.n_iter_, self.converged_ = 1, True
-
-    def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float) -> None:
-        result = cg(self._operator(alpha), y, preconditioner=self._cg_preconditioner(alpha),
-                    tol=tol)
-        self.alpha_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
-                       else result.x)
-        self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
-        n = X.shape[0]
-        if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
-            self.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
-                self.kernel_, _in_memory(X), _in_memory(y).reshape(n, -1), alpha, False)[0]
-
     def _operator(self, alpha: float) -> Any:
         return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
 
@@ -349,6 +262,15 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                 self.kernel_, self.X_train_, alpha, min(n, CG_PRECONDITIONER_RANK),
                 pivots="rpcholesky", random_state=as_generator(self.random_state))
         return pre
+
+    def _lanczos_decomposition(self, alpha: float) -> LanczosResult:
+        """LOVE's decomposition of ``C``, computed on first use per fitted (or loaded) model."""
+        result = getattr(self, "_lanczos", None)
+        if result is None:
+            result = self._lanczos = _gp_lanczos.decomposition(
+                self._operator(alpha), self.y_train_, self._cg_preconditioner(alpha),
+                _gp_methods.checked_lanczos_rank(self.lanczos_rank))
+        return result
 
     # ------------------------------------------------------------- predict
     def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
@@ -364,7 +286,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             Also return the latent covariance (m, m); for m up to
             ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``. For
             ``"nystrom"`` the SGPR posterior covariance (positive semi-definite; see
-            ``dkern.models._gp_sparse``), so ``sample_y`` works for it too.
+            ``dkern.models._gp_sparse``), for ``"lanczos"`` ``K** − W H⁻¹ Wᵀ`` with
+            ``W = K(X*, X) V`` (PSD: it exceeds the exact one), so ``sample_y`` works
+            for both too.
         out : (url, group), optional
             Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
             ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
@@ -389,72 +313,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
         if return_cov:
             _check_cov_size(Xw.shape[0])
-        lazy = isinstance(Xw, da.Array)
-        mean: Any
-        var: Any
-        if self.solver_ == "nystrom":  # mean and variance from one pass over the test rows
-            latent, var = sgpr_predict(self._stats, self._checked_alpha("nystrom"), Xw)
-            mean, var = self._unnormalized(latent), var if return_std else None
-            if return_std and not lazy and out is None:
-                mean, var = dask.compute(mean, var)
-        else:
-            mean = self._mean(Xw)
-            var = self._latent_variance(Xw) if return_std else None
-        if return_cov:
-            cov = self._latent_covariance(_in_memory(Xw))
-            return _in_memory(mean), self._scaled(cov, power=2)
-        std = None if var is None else self._scaled(
-            da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var), power=1)
-        return self._deliver(mean, std, lazy, out, overwrite)
-
-    def _mean(self, X: Any) -> da.Array:
-        return self._unnormalized(gram(self.kernel_, X, self.X_train_, backend=self.backend,
-                                       dtype=np.float64) @ self.alpha_)
-
-    def _unnormalized(self, latent: Any) -> Any:
-        """Means in the units of y (undoing ``normalize_y``)."""
-        if self.alpha_.ndim == 1:
-            return latent * self._y_train_std[0] + self._y_train_mean[0]
-        return latent * self._y_train_std + self._y_train_mean
-
-    def _scaled(self, latent: Any, power: int) -> Any:
-        """Latent std (power 1) or covariance (power 2) in the units of y, per target."""
-        if self.alpha_.ndim == 1:
-            return latent * self._y_train_std[0] ** power
-        factor = self._y_train_std ** power
-        return latent[..., None] * factor
-
-    def _deliver(self, mean: da.Array, std: Any, lazy: bool, out: Any, overwrite: bool) -> Any:
-        if out is not None:
-            _write_prediction(out, mean, std, overwrite)
-            return out
-        if lazy:
-            return mean if std is None else (mean, std)
-        return _in_memory(mean) if std is None else (_in_memory(mean), std)
-
-    def _latent_variance(self, X: Any) -> Any:
-        """``k(x*, x*) - k_*ᵀ C⁻¹ k_*``: numpy (m,) for numpy X, dask for dask X."""
-        if self.variance_ == "exact":
-            if isinstance(X, np.ndarray):
-                return _gp_exact.variance(self.kernel_, np.asarray(self.X_train_), self.L_, X)
-            return da.map_blocks(_gp_exact.variance_block, X, drop_axis=1, dtype=np.float64,
-                                 meta=np.empty((0,)), kernel=self.kernel_,
-                                 X=dask.delayed(self.X_train_), L=dask.delayed(self.L_))
-        alpha = self._checked_alpha("cg")
-        var = cg_variance(self.kernel_, self.X_train_, self._operator(alpha),
-                          self._cg_preconditioner(alpha), _in_memory(X),
-                          tol=check_tol(self.tol), backend=self.backend)
-        return da.from_array(var, chunks=(X.chunks[0],)) if isinstance(X, da.Array) else var
-
-    def _latent_covariance(self, Xt: np.ndarray) -> np.ndarray:
-        if self.variance_ == "nystrom":
-            return _gp_sparse.covariance(self._stats, self._checked_alpha("nystrom"), Xt)
-        if self.variance_ == "exact":
-            return _gp_exact.covariance(self.kernel_, np.asarray(self.X_train_), self.L_, Xt)
-        alpha = self._checked_alpha("cg")
-        return cg_covariance(self.kernel_, self.X_train_, self._operator(alpha),
-                             self._cg_preconditioner(alpha), Xt, tol=check_tol(self.tol),
-                             backend=self.backend)
+        return _gp_predict.predict(self, Xw, return_std, return_cov, out, overwrite)
 
     # ------------------------------------------------- likelihood and samples
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
@@ -491,7 +350,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
                              f"model has n={n}. Evaluate it on a subsample.")
         value, grad = _gp_exact.log_marginal_likelihood(
-            kernel, _in_memory(self.X_train_), _in_memory(self.y_train_).reshape(n, -1),
+            kernel, in_memory(self.X_train_), in_memory(self.y_train_).reshape(n, -1),
             self._checked_alpha(self.solver_), eval_gradient)
         return (value, grad) if eval_gradient else value
 
@@ -520,28 +379,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return np.hstack(draws)
 
 
-def _in_memory(a: Any) -> np.ndarray:
-    return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)
-
-
-def _legacy_seed(random_state: Any) -> Any:
-    """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(np.iinfo(np.int32).max))
-    return random_state
-
-
 def _check_cov_size(m: int) -> None:
     if 8 * m * m > MAX_COV_BYTES:
         raise ValueError(f"return_cov=True for {m} test points builds an {m} x {m} covariance "
                          f"({8 * m * m / 2**30:.1f} GiB), more than the {MAX_COV_BYTES / 2**30:g} "
                          "GiB allowed (MAX_COV_BYTES). Use return_std=True for the pointwise "
                          "standard deviations, or ask for the covariance of fewer points.")
-
-
-def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> None:
-    if not is_store_ref(out):
-        raise TypeError(f"out must be a (url, group) tuple: a str or path-like store and a str "
-                        f"group path, e.g. ('preds.zarr', 'gp'); got {out!r}.")
-    arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
-    write_arrays(out[0], arrays, group=out[1], overwrite=overwrite)

@@ -1,0 +1,74 @@
+"""Which solver and variance method a :class:`~dkern.models.GaussianProcessRegressor` uses:
+its parameter checks and the ``"auto"`` choices, with errors that name the fix."""
+
+from __future__ import annotations
+
+import logging
+from numbers import Integral
+
+from ..solvers import EXACT_MAX_N
+from ._validation import check_choice, check_optional_int
+
+# the estimator's choices are logged under the estimator's module, where users filter them
+logger = logging.getLogger("dkern.models.gaussian_process")
+
+#: Solvers of ``C a = y`` and variance methods the estimator offers (``"auto"`` first).
+SOLVERS = ("auto", "exact", "cg", "nystrom")
+VARIANCES = ("auto", "exact", "cg", "lanczos", "nystrom")
+
+
+def checked_methods(solver: object, variance: object, n_centers: object,
+                    lanczos_rank: object) -> tuple[str, str]:
+    """The ``solver`` and ``variance`` parameters, checked before any data is read."""
+    solver = check_choice(solver, "solver", SOLVERS)
+    variance = check_choice(variance, "variance", VARIANCES)
+    check_optional_int(n_centers, "n_centers", 1)
+    checked_lanczos_rank(lanczos_rank)
+    if n_centers is not None and solver in ("exact", "cg"):
+        raise ValueError(f"n_centers={n_centers!r} sets the centres of the sparse GP, "
+                         f"solver='nystrom'; solver={solver!r} uses every training row. "
+                         "Leave n_centers=None, or use solver='nystrom'.")
+    return solver, variance
+
+
+def resolve(solver: str, variance: str, n_centers: int | None, n: int) -> tuple[str, str]:
+    """``"auto"`` resolved for n training rows, and the pair checked to go together."""
+    if solver == "auto":  # never a less accurate model unasked: cg is exact to tol
+        if n_centers is not None:
+            solver, why = "nystrom", f"n_centers={n_centers} was given"
+        else:
+            solver = "exact" if n <= EXACT_MAX_N else "cg"
+            why = f"n={n}, EXACT_MAX_N={EXACT_MAX_N}"
+        logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
+    if solver == "exact" and n > EXACT_MAX_N:
+        raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
+                         f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
+    if solver == "nystrom" and n_centers is not None and n_centers > n:
+        raise ValueError(f"n_centers={n_centers} is more centres than the {n} training "
+                         f"rows (centres are distinct rows of X); use n_centers <= {n}.")
+    if variance == "auto":
+        variance = solver
+    if variance == "lanczos" and solver == "nystrom":
+        raise ValueError("variance='lanczos' decomposes the exact GP's C = K + alpha I over all "
+                         "training rows; solver='nystrom' fits the sparse GP, whose predictive "
+                         "variance is variance='nystrom'. Use solver='exact' or 'cg' with "
+                         "variance='lanczos', or variance='nystrom' (or 'auto') with "
+                         "solver='nystrom'.")
+    if (variance == "nystrom") != (solver == "nystrom"):
+        raise ValueError(f"variance='nystrom' is the sparse GP's own predictive and goes with "
+                         f"solver='nystrom' only; got solver={solver!r}, variance="
+                         f"{variance!r}. Use solver='nystrom' with variance='nystrom' or "
+                         "'auto', or another variance with another solver.")
+    if variance == "exact" and solver != "exact":
+        raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
+                         f"solver={solver!r}. Use variance='cg' (exact to tol) or "
+                         "solver='exact'.")
+    return solver, variance
+
+
+def checked_lanczos_rank(value: object) -> int:
+    """``lanczos_rank`` as an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"lanczos_rank must be an integer >= 1 (the Lanczos steps k of "
+                         f"variance='lanczos'); got {value!r}. Use e.g. lanczos_rank=100.")
+    return int(value)
