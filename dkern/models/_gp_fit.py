@@ -18,7 +18,7 @@ from ..solvers.sgpr import sgpr_bound
 from . import _gp_exact, _gp_sparse
 from ._gp_optimize import optimize
 from ._gp_predict import in_memory
-from ._validation import as_generator
+from ._validation import as_generator, legacy_seed
 
 if TYPE_CHECKING:
     from .gaussian_process import GaussianProcessRegressor
@@ -42,7 +42,7 @@ def learned_kernel(gp: GaussianProcessRegressor, kernel: Kernel, X: Any, y: Any,
         return _gp_exact.log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
 
     theta, value = optimize(kernel, lml, gp.optimizer, gp.n_restarts_optimizer,
-                            check_random_state(_legacy_seed(gp.random_state)))
+                            check_random_state(legacy_seed(gp.random_state)))
     gp.log_marginal_likelihood_value_ = value
     return kernel.with_theta(theta)
 
@@ -55,7 +55,7 @@ def fit_sparse(gp: GaussianProcessRegressor, kernel: Kernel, X: Any, y: Any,
     bound = _gp_sparse.SparseBound(Xd, Yd, Z, alpha)
     if gp.optimizer is not None and len(kernel.theta) > 0:
         theta, _ = optimize(kernel, bound, gp.optimizer, gp.n_restarts_optimizer,
-                            check_random_state(_legacy_seed(gp.random_state)))
+                            check_random_state(legacy_seed(gp.random_state)))
         kernel = kernel.with_theta(theta)
     gp.kernel_ = kernel
     gp._stats = bound.statistics(kernel)  # the optimizer's last pass, when it ended here
@@ -89,10 +89,3 @@ def fit_cg(gp: GaussianProcessRegressor, X: Any, y: Any, alpha: float, tol: floa
     if np.isnan(gp.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
         gp.log_marginal_likelihood_value_ = _gp_exact.log_marginal_likelihood(
             gp.kernel_, in_memory(X), in_memory(y).reshape(n, -1), alpha, False)[0]
-
-
-def _legacy_seed(random_state: Any) -> Any:
-    """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(np.iinfo(np.int32).max))
-    return random_state

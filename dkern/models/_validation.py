@@ -129,6 +129,13 @@ def as_generator(random_state: Any) -> np.random.Generator:
                          f"got {random_state!r}.") from None
 
 
+def legacy_seed(random_state: Any) -> Any:
+    """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(np.iinfo(np.int32).max))
+    return random_state
+
+
 def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
     """``kernel``, or ``default`` for None; TypeError naming the fix for anything else."""
     if kernel is None:

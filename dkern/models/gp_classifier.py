@@ -19,8 +19,14 @@ from ..operators import gram
 from ..solvers import EXACT_MAX_N
 from . import _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
-from ._validation import check_choice, check_optional_int, check_tol, check_X, checked_kernel
-from .gaussian_process import _legacy_seed
+from ._validation import (
+    check_choice,
+    check_optional_int,
+    check_tol,
+    check_X,
+    checked_kernel,
+    legacy_seed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +212,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         return _laplace_evidence.learn(
             kernel, _in_memory(X), self._targets(), max_iter=self.max_iter_predict,
             optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
-            rng=check_random_state(_legacy_seed(self.random_state)))
+            rng=check_random_state(legacy_seed(self.random_state)))
 
     def _evidence(self, modes: list[_laplace.Mode], kernels: list[Kernel], X: Any) -> float:
         """The mean Laplace evidence of the problems; NaN for ``"cg"`` above ``EXACT_MAX_N``."""
