@@ -331,7 +331,7 @@ def part_cg_lanczos(args) -> str:
 # ------------------------------------------------- SGPR hyperparameter fitting
 def part_sgpr_hyper(args) -> str:
     """n = 100,000: L-BFGS on the SGPR bound; cost per evaluation; bound vs exact LML."""
-    n, M, n_sub = size(args, 100_000, 3_000), size(args, 1_000), size(args, 3_000, 500)
+    n, M, n_sub = size(args, 100_000, 3_000), size(args, args.hyper_centers), size(args, 3_000, 500)
     start_kernel = Scaled(1.0, Gaussian(np.ones(D)))
     calls: list[tuple[bool, float]] = []
     bound_call = _gp_sparse.SparseBound.__call__
@@ -403,6 +403,8 @@ def main() -> None:
     parser.add_argument("--lanczos-rank", type=int, default=100)
     parser.add_argument("--cg-points", type=int, default=1_000,
                         help="test points of the CG variances (cg-lanczos; the cost is linear)")
+    parser.add_argument("--hyper-centers", type=int, default=500,
+                        help="M of sgpr-hyper (each L-BFGS step costs two passes of n·M²)")
     args = parser.parse_args()
     write = not args.no_write and args.scale == 1
     for name in args.only:
