@@ -88,8 +88,9 @@ def test_subset_of_centres_matches_the_dense_titsias_formulas():
 
 @pytest.mark.parametrize("n_centers", [21, 20])
 def test_statistics_equal_the_dense_whitened_sums_over_many_tiles(n_centers, monkeypatch):
-    """Tiles of 256 rows (several per chunk) and an odd M: the lower block triangle each
-    chunk forms, mirrored, is P = L⁻¹ K_un K_nu L⁻ᵀ, exactly symmetric."""
+    """Tiles of 256 rows (several per chunk), odd and even M: the sums are
+    P = L⁻¹ K_un K_nu L⁻ᵀ, exactly symmetric (its Cholesky factorisations need that), and
+    b = L⁻¹ K_un y."""
     monkeypatch.setattr(sgpr, "WHITENING_TILE_BYTES", 1)  # the 256-row floor
     Xl = np.repeat(X, 4, axis=0)  # 600 rows: 3 tiles in a chunk of 600
     Yl = np.repeat(Y, 4)
