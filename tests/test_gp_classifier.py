@@ -14,7 +14,7 @@ import dkern
 from dkern import GaussianProcessClassifier
 from dkern.errors import ConvergenceWarning
 from dkern.kernels import Gaussian
-from dkern.models import _laplace, _laplace_evidence, gp_classifier
+from dkern.models import _gpc_predict, _laplace, _laplace_evidence, gp_classifier
 
 
 def _standardised(loader):
@@ -235,7 +235,7 @@ def test_batches_and_rebuilt_factors_give_the_same_probabilities(monkeypatch):
     model = GaussianProcessClassifier(Gaussian(5.0), optimizer=None).fit(X_TRAIN[:100],
                                                                          Y_TRAIN[:100])
     want = model.predict_proba(X_TEST)
-    monkeypatch.setattr(gp_classifier, "PREDICT_BATCH", 7)
+    monkeypatch.setattr(_gpc_predict, "PREDICT_BATCH", 7)
     del model._chols
     # rounding only: BLAS sums by other block sizes, amplified by the erf-sum's weights (~2e3)
     np.testing.assert_allclose(model.predict_proba(X_TEST), want, rtol=0, atol=1e-10)

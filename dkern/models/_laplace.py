@@ -201,3 +201,9 @@ def shared(kernels: list[Kernel], compute: Callable[[Kernel], Any]) -> Iterator[
 def dense_grams(kernels: list[Kernel], X: np.ndarray) -> Iterator[np.ndarray]:
     """``K(X, X)`` (n, n) of each problem's kernel, one at a time unless shared."""
     return shared(kernels, lambda k: np.asarray(k(X, X), dtype=np.float64))
+
+
+def lazy_vector(a: Any, K: Any) -> da.Array:
+    """An n-vector as a dask array chunked like the operator K's columns."""
+    return a.rechunk((K.col_chunks,)) if isinstance(a, da.Array) else \
+        da.from_array(a, chunks=(K.col_chunks,))

@@ -17,7 +17,7 @@ from ..io import as_rows, is_lazy
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N
-from . import _laplace, _laplace_evidence
+from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
 from ._validation import (
     check_choice,
@@ -33,12 +33,6 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("auto", "exact", "cg")
 MULTI_CLASS = ("one_vs_rest", "binary")
 PROBABILITIES = ("sklearn", "probit")
-#: Test points per batch in predictions: the exact solver holds an (n, PREDICT_BATCH) block
-#: of k(X, X*) (n ≤ EXACT_MAX_N: at most 94 MB), CG solves with that many right-hand sides.
-PREDICT_BATCH = 1000
-#: ``"cg"`` predictions: at most this many values in the right-hand sides ``k(X, x*)`` of one
-#: batch (128 MiB of float64 on the cluster), so test batches shrink as n grows.
-CG_BATCH_VALUES = 2 ** 24
 
 
 class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
@@ -184,7 +178,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             modes = []
             for k, t in zip(kernels, targets, strict=True):
                 K = gram(k, Xw, backend=self.backend)
-                modes.append(_laplace.solve_cg(K, self._lazy(t, K), self.max_iter_predict,
+                modes.append(_laplace.solve_cg(K, _laplace.lazy_vector(t, K), self.max_iter_predict,
                                                self.tol, self.max_iter))
             self.X_fit_ = X if isinstance(X, da.Array) else Xv
         pis = [m.pi for m in modes]
@@ -234,14 +228,15 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         ----------
         X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
             Processed in batches of ``PREDICT_BATCH`` rows (``"cg"``: at most
-            ``CG_BATCH_VALUES / n``, each batch one block CG solve per binary problem).
+            ``CG_BATCH_VALUES / n``, each batch one block CG solve per binary problem; both
+            constants in ``dkern.models._gpc_predict``).
 
         Returns
         -------
         ndarray of shape (m, n_classes)
         """
         proba = _laplace.proba_erf if self.probabilities == "sklearn" else _laplace.proba_probit
-        P = np.column_stack([proba(mean, var) for mean, var in self._latent(X)])
+        P = np.column_stack([proba(mean, var) for mean, var in _gpc_predict.latent(self, X)])
         if self.n_classes_ == 2:
             return np.column_stack([1 - P[:, 0], P[:, 0]])
         return P / P.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
@@ -260,7 +255,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "pi_")
         if self.n_classes_ > 2:
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        (mean, _), = self._latent(X)
+        (mean, _), = _gpc_predict.latent(self, X)
         return self.classes_[(mean > 0).astype(int)]
 
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
@@ -372,64 +367,9 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         ks = [1] if self.n_classes_ == 2 else range(self.n_classes_)
         return [(codes == k).astype(np.float64) for k in ks]
 
-    @staticmethod
-    def _lazy(a: Any, K: Any) -> da.Array:
-        """An n-vector as a dask array chunked like K's rows."""
-        return a.rechunk((K.col_chunks,)) if isinstance(a, da.Array) else \
-            da.from_array(a, chunks=(K.col_chunks,))
-
     def _pis(self) -> list[Any]:
         return [self.pi_] if self.pi_.ndim == 1 else [self.pi_[:, k]
                                                       for k in range(self.pi_.shape[1])]
-
-    def _latent(self, X: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Latent (mean, variance), each (m,), of every binary problem at the rows of X."""
-        check_is_fitted(self, "pi_")
-        Xv = check_X(self, X, reset=False)
-        Xv = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
-        if self.solver_ == "exact":
-            batch, latent = PREDICT_BATCH, self._latent_exact
-        else:
-            problems = []
-            for k, t, pi in zip(self._kernels(), self._targets(), self._pis(), strict=True):
-                K = gram(k, self.X_fit_, backend=self.backend, dtype=np.float64)
-                problems.append((k, K, self._lazy(t, K), self._lazy(pi, K)))
-            batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // self.X_fit_.shape[0]))
-
-            def latent(Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-                return self._latent_cg(Xb, problems)
-        parts = [latent(_in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
-        return [(np.concatenate([p[j][0] for p in parts]), np.concatenate([p[j][1] for p in parts]))
-                for j in range(len(parts[0]))]
-
-    def _latent_exact(self, Xb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        def blocks(k: Kernel) -> tuple[np.ndarray, np.ndarray]:  # shapes: (b,), (n, b)
-            return (np.asarray(k.diag(Xb), dtype=np.float64),
-                    np.asarray(k(np.asarray(self.X_fit_), Xb), dtype=np.float64))
-
-        return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
-                for (k_diag, K_star), t, pi, L in zip(
-                    _laplace.shared(self._kernels(), blocks), self._targets(), self._pis(),
-                    self._factors(), strict=True)]
-
-    def _latent_cg(self, Xb: np.ndarray, problems: list[tuple[Kernel, Any, da.Array, da.Array]]
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
-        latent = []
-        for k, K, t, pi in problems:
-            k_diag = np.asarray(k.diag(Xb), dtype=np.float64)
-            K_star = gram(k, self.X_fit_, Xb, backend=self.backend, dtype=np.float64)
-            latent.append(_laplace.cg_latent(K, K_star, k_diag, t, pi, self.tol, self.max_iter))
-        return latent
-
-    def _factors(self) -> list[np.ndarray]:
-        """Cholesky factors of B at the mode, rebuilt from ``pi_`` when absent (a loaded model)."""
-        chols = getattr(self, "_chols", None)
-        if chols is None:
-            Ks = _laplace.dense_grams(self._kernels(), np.asarray(self.X_fit_, dtype=np.float64))
-            chols = self._chols = [_laplace.dense_factor(K, pi)[1]
-                                   for K, pi in zip(Ks, self._pis(), strict=True)]
-        return chols
-
 
 def _in_memory(Xb: Any) -> np.ndarray:
     return Xb.compute() if isinstance(Xb, da.Array) else Xb
