@@ -17,8 +17,7 @@ from ..solvers import EXACT_MAX_N, cg
 from ..solvers.sgpr import sgpr_bound
 from . import _gp_exact, _gp_sparse
 from ._gp_optimize import optimize
-from ._gp_predict import in_memory
-from ._validation import as_generator, legacy_seed
+from ._validation import as_generator, in_memory, legacy_seed
 
 if TYPE_CHECKING:
     from .gaussian_process import GaussianProcessRegressor

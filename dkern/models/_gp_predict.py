@@ -21,7 +21,7 @@ from ..operators import gram
 from ..solvers.sgpr import sgpr_predict
 from . import _gp_exact, _gp_lanczos, _gp_sparse
 from ._gp_cg import cg_covariance, cg_variance
-from ._validation import check_tol
+from ._validation import check_tol, in_memory
 
 if TYPE_CHECKING:
     from .gaussian_process import GaussianProcessRegressor
@@ -100,11 +100,6 @@ def _latent_covariance(gp: GaussianProcessRegressor, Xt: np.ndarray) -> np.ndarr
     return cg_covariance(gp.kernel_, gp.X_train_, gp._operator(alpha),
                          gp._cg_preconditioner(alpha), Xt, tol=check_tol(gp.tol),
                          backend=gp.backend)
-
-
-def in_memory(a: Any) -> np.ndarray:
-    """``a`` as a float64 numpy array (computing it if it is a dask array)."""
-    return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)
 
 
 def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> None:

@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..kernels import Kernel
 from ..operators import gram
 from . import _laplace
-from ._validation import check_X
+from ._validation import check_X, in_memory
 
 if TYPE_CHECKING:
     from .gp_classifier import GaussianProcessClassifier
@@ -51,7 +51,7 @@ def latent(gpc: GaussianProcessClassifier, X: Any) -> Latent:
 
         def batch_latent(Xb: np.ndarray) -> Latent:
             return _latent_cg(gpc, Xb, problems)
-    parts = [batch_latent(_in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
+    parts = [batch_latent(in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
     return [(np.concatenate([p[j][0] for p in parts]), np.concatenate([p[j][1] for p in parts]))
             for j in range(len(parts[0]))]
 
@@ -86,7 +86,3 @@ def _factors(gpc: GaussianProcessClassifier) -> list[np.ndarray]:
         chols = gpc._chols = [_laplace.dense_factor(K, pi)[1]
                               for K, pi in zip(Ks, gpc._pis(), strict=True)]
     return chols
-
-
-def _in_memory(Xb: Any) -> np.ndarray:
-    return Xb.compute() if isinstance(Xb, da.Array) else Xb

@@ -129,6 +129,11 @@ def as_generator(random_state: Any) -> np.random.Generator:
                          f"got {random_state!r}.") from None
 
 
+def in_memory(a: Any) -> np.ndarray:
+    """``a`` as a float64 numpy array (computing it if it is a dask array)."""
+    return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)
+
+
 def legacy_seed(random_state: Any) -> Any:
     """A seed scikit-learn's ``check_random_state`` takes (Generators give an int)."""
     if isinstance(random_state, np.random.Generator):

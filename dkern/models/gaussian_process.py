@@ -18,7 +18,6 @@ from ..solvers import EXACT_MAX_N, NystromPreconditioner
 from ..solvers.lanczos import LanczosResult
 from . import _gp_exact, _gp_fit, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
 from ._gp_optimize import check_optimizer
-from ._gp_predict import in_memory
 from ._validation import (
     as_generator,
     check_alpha,
@@ -26,6 +25,7 @@ from ._validation import (
     check_X,
     check_y,
     checked_kernel,
+    in_memory,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
 

@@ -25,6 +25,7 @@ from ._validation import (
     check_tol,
     check_X,
     checked_kernel,
+    in_memory,
     legacy_seed,
 )
 
@@ -170,7 +171,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         self.kernel_ = kernels[0] if self.n_classes_ == 2 else kernels
         targets = self._targets()
         if self.solver_ == "exact":
-            Xn = _in_memory(Xw)
+            Xn = in_memory(Xw)
             modes = [_laplace.solve_dense(K, t, self.max_iter_predict)
                      for K, t in zip(_laplace.dense_grams(kernels, Xn), targets, strict=True)]
             self.X_fit_ = Xn
@@ -204,7 +205,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
                              f"{EXACT_MAX_N}; got n={n}. Learn them on a subsample and refit "
                              "with optimizer=None and the learned model's kernel_.")
         return _laplace_evidence.learn(
-            kernel, _in_memory(X), self._targets(), max_iter=self.max_iter_predict,
+            kernel, in_memory(X), self._targets(), max_iter=self.max_iter_predict,
             optimizer=self.optimizer, n_restarts=self.n_restarts_optimizer,
             rng=check_random_state(legacy_seed(self.random_state)))
 
@@ -213,8 +214,8 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         if self._chols is not None:
             chols = self._chols
         elif X.shape[0] <= EXACT_MAX_N:  # B at CG's mode, factored densely once
-            Ks = _laplace.dense_grams(kernels, _in_memory(X))
-            chols = [_laplace.dense_factor(K, np.asarray(_in_memory(m.pi)))[1]
+            Ks = _laplace.dense_grams(kernels, in_memory(X))
+            chols = [_laplace.dense_factor(K, np.asarray(in_memory(m.pi)))[1]
                      for K, m in zip(Ks, modes, strict=True)]
         else:
             return float("nan")
@@ -294,7 +295,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"the Laplace log marginal likelihood at theta needs dense n x n "
                              f"factors, n <= {EXACT_MAX_N}; this model has n={n}. Evaluate it "
                              "on a subsample.")
-        Xn = _in_memory(self.X_fit_)
+        Xn = in_memory(self.X_fit_)
         values, grads = zip(*(_laplace_evidence.log_evidence(k, Xn, t, self.max_iter_predict,
                                                               eval_gradient)
                               for k, t in zip(kernels, self._targets(), strict=True)),
@@ -370,9 +371,6 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
     def _pis(self) -> list[Any]:
         return [self.pi_] if self.pi_.ndim == 1 else [self.pi_[:, k]
                                                       for k in range(self.pi_.shape[1])]
-
-def _in_memory(Xb: Any) -> np.ndarray:
-    return Xb.compute() if isinstance(Xb, da.Array) else Xb
 
 
 def _labels(y: Any, n_rows: int) -> np.ndarray:
