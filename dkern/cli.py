@@ -1,4 +1,4 @@
-"""The ``dkern`` command: ``info``, ``make-data``, ``fit``, ``predict``, ``demo``, ``store``.
+"""The ``dkern`` command: ``info``, ``make-data``, ``fit``, ``predict``, ``demo``, ``fsck``.
 
 The command line is the one place that writes to the terminal; the library
 itself only logs. ``--json`` prints one JSON object for scripts, ``--quiet``
@@ -210,10 +210,46 @@ def _store_command(args: argparse.Namespace) -> dict[str, Any]:
             "orphans": report.orphans}
 
 
+def _fsck(args: argparse.Namespace) -> dict[str, Any]:
+    """``dkern fsck STORE``: verify every array, then list (``--clean``: remove) leftovers.
+
+    Leftovers are what no pointer uses (folders of killed or refused writes, ``*.partial``
+    files); published arrays are never removed, and nothing at all from a damaged store,
+    whose pointers may be what is damaged. No lock can be stale: dkern's are ``flock``
+    locks, which the kernel releases when their process dies.
+    """
+    from .io import check_store, clean_store
+
+    report = check_store(args.url, args.group)
+    found = [] if not report.ok else clean_store(args.url, args.group, min_age=args.min_age,
+                                                 dry_run=not args.clean)
+    return {"store": args.url, "ok": report.ok, "damage": report.damage,
+            "arrays": {k: list(v) for k, v in report.arrays.items()},
+            "removed" if args.clean else "would_remove": sorted(found),
+            # too young (maybe a write still running), leased by a live writer, or damage
+            "kept": sorted(set(report.orphans) - set(found))}
+
+
+def _add_fsck_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    fsck = sub.add_parser("fsck", parents=[common],
+                          help="verify every array of a store (pointers, metadata, every chunk "
+                               "and its checksum) and list leftovers; --clean removes them")
+    fsck.add_argument("url", help="store path or fsspec URL")
+    fsck.add_argument("--group", default="", help="only this group (and those below it)")
+    fsck.add_argument("--clean", action="store_true",
+                      help="remove the leftovers listed as would_remove (never published "
+                           "data; nothing when damage is found)")
+    fsck.add_argument("--min-age", type=float, default=None,
+                      help="keep leftovers younger than this many seconds (default: 10 on "
+                           "local disk, where live writers are also protected by a lease; "
+                           "86400 on fsspec stores)")
+    fsck.set_defaults(run=_fsck)
+
+
 def _add_store_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     store = sub.add_parser("store", parents=[common],
                            help="check a store (every chunk and checksum) or clean it "
-                                "(delete what no pointer uses)")
+                                "(delete what no pointer uses); `dkern fsck` does both")
     store.add_argument("action", choices=["check", "clean"],
                        help="check: read every chunk, exit 1 naming any damage; clean: delete "
                             "leftovers no pointer uses")
@@ -365,6 +401,7 @@ def _parser() -> argparse.ArgumentParser:
                            "(X, y, X_test, y_test, pred) are replaced")
     demo.set_defaults(run=_demo)
     _add_store_parser(sub, common)
+    _add_fsck_parser(sub, common)
     return parser
 
 
@@ -395,6 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(their memory_limit), or use smaller row chunks.", file=sys.stderr)
         return 1
     _print_report(report, args)
+    if report.get("damage"):  # `dkern fsck` found damage: the report says what
+        print(f"dkern {args.command}: error: {args.url!r} is damaged (see damage); rewrite "
+              "what is named from its source.", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,6 +11,7 @@ live writer leases); :func:`clean_store` does it on demand, for fsspec stores to
 from __future__ import annotations
 
 import calendar
+import contextlib
 import logging
 import os
 import re
@@ -71,8 +72,9 @@ class StoreReport:
         One message per problem: a pointer failing its checksum, an array or chunk
         missing or failing its checksum. Empty for a sound store.
     orphans : list of str
-        Store paths no pointer uses, whatever their age (what :func:`clean_store`
-        removes once they are older than its ``min_age``).
+        Store paths (from the store's root, as :func:`clean_store` returns them) no
+        pointer uses, whatever their age (what :func:`clean_store` removes once they are
+        older than its ``min_age`` and no live writer leases them).
     """
 
     url: str
@@ -123,12 +125,18 @@ def check_store(url: Url, group: str = "") -> StoreReport:
                 report.damage.append(str(err))
             else:
                 report.arrays[label] = tuple(entry["shape"])
-        report.orphans.extend(_orphans(url, path, pointer, min_age=0.0))
+        report.orphans.extend("/".join(p for p in (path, orphan) if p)
+                              for orphan in _orphans(url, path, pointer, min_age=0.0))
     return report
 
 
-def clean_store(url: Url, group: str = "", *, min_age: float | None = None) -> list[str]:
+def clean_store(
+    url: Url, group: str = "", *, min_age: float | None = None, dry_run: bool = False
+) -> list[str]:
     """Delete what no pointer uses: unpublished version folders and stray ``*.partial``.
+
+    Published arrays are never touched: only paths no group's pointer lists are removed,
+    read under the group's publish lock so no write publishes one meanwhile.
 
     Parameters
     ----------
@@ -140,11 +148,13 @@ def clean_store(url: Url, group: str = "", *, min_age: float | None = None) -> l
         Default: 10 s on local disk, where a running writer's folder is also protected by
         its lease whatever its age; one day on fsspec stores, which have no leases (pass
         0 there only when no writer is running).
+    dry_run : bool, default False
+        Remove nothing; return what would be removed now (the same age and lease rules).
 
     Returns
     -------
     list of str
-        The store paths removed.
+        The store paths removed (with ``dry_run``: that would be removed).
 
     Raises
     ------
@@ -157,33 +167,39 @@ def clean_store(url: Url, group: str = "", *, min_age: float | None = None) -> l
     for path in _groups(url, group.strip("/")):
         age = min_age if min_age is not None else (
             LOCAL_GRACE_S if local_dir(url, path) is not None else REMOTE_GRACE_S)
-        with publish_lock(url, path):
+        # A dry run takes no publish lock: taking it creates the group's .dkern folder.
+        with contextlib.nullcontext() if dry_run else publish_lock(url, path):
             pointer = read_pointer(open_group(url, path, mode="r"), url, path)
-            removed += collect_orphans(url, path, pointer, min_age=age, deep=True)
+            removed += collect_orphans(url, path, pointer, min_age=age, deep=True,
+                                       dry_run=dry_run)
     return removed
 
 
 def collect_orphans(
-    url: str, group: str, pointer: dict[str, Any], *, min_age: float, deep: bool = False
+    url: str, group: str, pointer: dict[str, Any], *, min_age: float, deep: bool = False,
+    dry_run: bool = False
 ) -> list[str]:
     """Delete the group's unreferenced, unleased leftovers older than ``min_age``.
 
     Call it holding the publish lock, with the pointer read under it, so no write can
     publish a folder between the reading and the deleting. ``deep`` also looks for
-    ``*.partial`` files inside arrays (a full listing of the group).
+    ``*.partial`` files inside arrays (a full listing of the group). ``dry_run`` deletes
+    nothing and returns what would be deleted.
     """
     store = _store.make_store(url, read_only=False)
     removed = []
     for path in _orphans(url, group, pointer, min_age=min_age, deep=deep):
         key = "/".join(p for p in (group, path) if p)
         with unleased(url, group, path) as free:
-            if free:
+            if free and dry_run:
+                removed.append(key)
+            elif free:
                 if path.endswith(".partial"):
                     sync(store.delete(key))
                 else:
                     sync(store.delete_dir(key))
                 removed.append(key)
-    if removed:
+    if removed and not dry_run:
         logger.info("removed from %s what no pointer uses: %s", where(url, group), removed)
     return removed
 

@@ -116,13 +116,15 @@ def _read_block(z: zarr.Array, url: str, label: str, *, block_info: dict[Any, An
             f"store {url!r}, array {label!r}: chunk {index} (key {err.key!r}) is missing. "
             "Either a later write replaced this array after it was opened (open it again "
             "with open_array; for a model loaded from this store, dkern.load it again), or "
-            "the store is damaged: check it with `dkern store check` and rewrite the array "
+            f"the store is damaged: check it with `dkern fsck {url}` and rewrite the array "
             "from its source."
         ) from None
     except ValueError as err:  # the crc32c codec raises ValueError on a mismatch
+        key = "/".join(p for p in (z.path, z.metadata.encode_chunk_key(index)) if p)
         raise CorruptChunkError(
-            f"store {url!r}, array {label!r}: chunk {index} failed its checksum ({err}). "
-            "The chunk's bytes changed on disk; rewrite the array from its source."
+            f"store {url!r}, array {label!r}: chunk {index} (key {key!r}) failed its "
+            f"checksum ({err}). The chunk's bytes changed on disk; check the whole store "
+            f"with `dkern fsck {url}` and rewrite the array from its source."
         ) from err
 
 
