@@ -5,6 +5,7 @@ worker processes re-import the script, which fails without an ``if __name__ ==
 "__main__":`` guard.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -135,3 +136,32 @@ def test_mauna_loa_example_fits_the_record_and_saves_its_plot(tmp_path):
         warnings.simplefilter("ignore")
         theirs = GaussianProcessRegressor(kernel, alpha=0.04).fit(t, y - y.mean())
     assert lml >= theirs.log_marginal_likelihood_value_ - 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_remote_client_notebook_is_valid_and_runs_as_its_cells(tmp_path, cluster_client):
+    """examples/remote_client.ipynb: nbformat-4 JSON whose code cells, run in order in one
+    interpreter as a kernel would, attach to a running scheduler named by
+    DKERN_SCHEDULER_ADDRESS (the script's test covers the embedded fallback), fit, and
+    write predictions whose RMSE against the noise-free target is below 0.1."""
+    notebook = json.loads((ROOT / "examples" / "remote_client.ipynb").read_text("utf-8"))
+    assert notebook["nbformat"] == 4 and notebook["nbformat_minor"] >= 4
+    for cell in notebook["cells"]:
+        assert cell["cell_type"] in {"markdown", "code"} and isinstance(cell["source"], list)
+        assert isinstance(cell["metadata"], dict)
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None
+    code = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+           "TMPDIR": str(tmp_path)}  # the notebook's store goes to the temporary folder
+    env["DKERN_SCHEDULER_ADDRESS"] = cluster_client.scheduler.address
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert f"scheduler: {cluster_client.scheduler.address}\ndashboard: http" in result.stdout
+    assert "dkern falkon" in result.stderr  # the fit's progress bar
+    store = str(tmp_path / "dkern-remote-demo.zarr")
+    pred, truth = (open_array(store, a).compute() for a in ("pred", "y_test"))
+    assert pred.shape == truth.shape == (4_000,)
+    assert np.sqrt(np.mean((pred - truth) ** 2)) < 0.1
