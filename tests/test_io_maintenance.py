@@ -98,8 +98,9 @@ def test_check_store_reports_damage_and_clean_store_leaves_damaged_groups(tmp_pa
     open(chunk, "wb").write(bytes(raw))
     report = check_store(url)
     assert not report.ok and report.arrays == {"g/y": (2,)}
-    assert len(report.damage) == 1 and "array 'X': chunk (1,) failed its checksum" in (
-        report.damage[0])
+    key = f"{entry['path']}/c/1"
+    assert len(report.damage) == 1 and f"array 'X': chunk (1,) (key {key!r}) failed its " \
+        "checksum" in report.damage[0]
     g = zarr.open_group(url, path="g", mode="a")
     g.update_attributes({"dkern": {**g.attrs["dkern"], "version": 99}})  # checksum now fails
     leftover(url, OLD, group="g")
