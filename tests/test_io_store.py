@@ -223,7 +223,9 @@ def test_flipped_byte_raises_corrupt_chunk_naming_it(tmp_path):
     chunk.write_bytes(bytes(raw))
     X = open_array(url, "X")
     np.testing.assert_array_equal(X[:60].compute(), x_data(n=100)[:60])  # other chunks read
-    with pytest.raises(CorruptChunkError, match=r"array 'X': chunk \(2, 0\) failed its checksum"):
+    key = re.escape(f"{stored_path(url, 'X')}/c/2/0")
+    with pytest.raises(CorruptChunkError,
+                       match=rf"array 'X': chunk \(2, 0\) \(key '{key}'\) failed its checksum"):
         X.compute()
     with pytest.raises(CorruptChunkError, match=repr(url)):
         open_array(url, "X", verify=False).compute()
