@@ -433,8 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     _print_report(report, args)
     if report.get("damage"):  # `dkern fsck` found damage: the report says what
-        print(f"dkern {args.command}: error: {args.url!r} is damaged (see damage); rewrite "
-              "what is named from its source.", file=sys.stderr)
+        print(f"dkern {args.command}: error: {args.url!r} is damaged (see damage) and nothing "
+              "was removed; rewrite what is named from its source, then run it again.",
+              file=sys.stderr)
         return 1
     return 0
 
