@@ -1,0 +1,177 @@
+"""Issue 11, behaviour 7: a cluster on tls:// that refuses whoever lacks a certificate of its CA.
+
+A scheduler and two workers run as separate processes (``dask scheduler`` / ``dask worker``
+with ``--tls-*`` options and ``distributed.comm.require-encryption: True``), their
+certificates made by ``cluster/make-certs.sh``. A client holding the cluster's client
+certificate fits a KernelRidge there and gets what an in-process run gets; a client without a
+certificate, with one from another CA, or speaking tcp:// is refused, and no task of theirs runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import ssl
+import stat
+import time
+from pathlib import Path
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from _daskproc import Procs, client_security, make_certs, tls_args
+
+import dkern
+
+logger = logging.getLogger(__name__)
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+#: Short timeouts: a refused client fails within them instead of distributed's 30 s.
+CONFIG = {"distributed": {"comm": {"require-encryption": True,
+                                   "timeouts": {"connect": "10s"}}}}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """The cluster's certificates and, in ``other/``, those of an unrelated CA."""
+    root = tmp_path_factory.mktemp("certs")
+    seconds = make_certs(root / "cluster", "localhost", "127.0.0.1")
+    make_certs(root / "other", "localhost", "127.0.0.1")
+    logger.info("make-certs.sh made a CA and 3 certificates in %.2f s", seconds)
+    assert seconds < 10, f"key generation must be fast (EC keys); it took {seconds:.1f} s"
+    return root
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(certs, tmp_path_factory):
+    """(address, Procs) of a scheduler and two workers on tls://127.0.0.1, require-encryption."""
+    procs = Procs(tmp_path_factory.mktemp("tls-cluster"), CONFIG)
+    try:
+        procs.scheduler("127.0.0.1", tls_args(certs / "cluster", "scheduler"))
+        for i in range(2):
+            procs.worker(f"worker-{i}", "127.0.0.1", tls_args(certs / "cluster", "worker"))
+        yield procs.address(), procs
+    finally:
+        procs.close()
+
+
+def test_make_certs_files_are_owner_only_and_verify(certs):
+    import subprocess
+
+    cluster = certs / "cluster"
+    assert stat.S_IMODE(cluster.stat().st_mode) == 0o700
+    names = sorted(p.name for p in cluster.iterdir())
+    assert names == sorted(f"{r}{s}" for r in ("ca", "scheduler", "worker", "client")
+                           for s in (".pem", "-key.pem"))
+    for path in cluster.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for role in ("scheduler", "worker", "client"):
+        ok = subprocess.run(["openssl", "verify", "-CAfile", str(cluster / "ca.pem"),
+                             str(cluster / f"{role}.pem")], capture_output=True, timeout=30)
+        assert ok.returncode == 0, ok.stderr
+        other = subprocess.run(["openssl", "verify", "-CAfile", str(certs / "other" / "ca.pem"),
+                                str(cluster / f"{role}.pem")], capture_output=True, timeout=30)
+        assert other.returncode != 0  # two runs make two unrelated CAs
+    text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in",
+                           str(cluster / "scheduler.pem")], capture_output=True, text=True,
+                          timeout=30).stdout
+    assert "DNS:localhost" in text and "IP Address:127.0.0.1" in text
+    refused = subprocess.run(["bash", str(Path(__file__).parents[1] / "cluster" / "make-certs.sh"),
+                              str(cluster), "localhost"], capture_output=True, text=True,
+                             timeout=30)
+    assert refused.returncode != 0 and "not empty" in refused.stderr  # nothing overwritten
+
+
+def _fit(X, y):
+    model = dkern.KernelRidge(dkern.kernels.Gaussian(0.7), alpha=1e-2, solver="nystrom",
+                              n_centers=40, tol=1e-12, random_state=0).fit(X, y)
+    return model.dual_coef_, model.predict(X[:50]).compute()
+
+
+def _task_prefixes(client) -> list[str]:
+    """The prefixes of every task the scheduler has seen (a function pickled by value: the
+    scheduler cannot import this test module)."""
+    def prefixes(dask_scheduler):
+        return sorted(dask_scheduler.task_prefixes)
+
+    return client.run_on_scheduler(prefixes)
+
+
+def test_client_with_certificate_fits_as_in_process(certs, tls_cluster):
+    address, _ = tls_cluster
+    assert address.startswith("tls://")
+    rng = np.random.default_rng(0)
+    Xn = rng.uniform(-1, 1, (600, 3))
+    yn = np.sin(3 * Xn[:, 0]) + 0.1 * rng.standard_normal(600)
+    X, y = da.from_array(Xn, chunks=150), da.from_array(yn, chunks=150)
+    with dask.config.set(scheduler="synchronous"):
+        ref_coef, ref_pred = _fit(X, y)
+    with dkern.connect(address, security=client_security(certs / "cluster"), timeout=30) as c:
+        c.wait_for_workers(2, timeout=60)
+        assert all(w.startswith("tls://") for w in c.scheduler_info()["workers"])
+        coef, pred = _fit(X, y)
+        ran = _task_prefixes(c)
+    assert any(p.startswith("dkern") for p in ran), ran  # the fit ran on the TLS cluster
+    np.testing.assert_allclose(coef, ref_coef, rtol=1e-10, atol=1e-10 * np.abs(ref_coef).max())
+    np.testing.assert_allclose(pred, ref_pred, rtol=1e-10, atol=1e-10 * np.abs(ref_pred).max())
+
+
+def _no_certificate_handshake(address: str, ca: Path) -> None:
+    """Connect with a TLS context that trusts the cluster's CA but holds no certificate
+    (distributed's own Security will not even try: the server must refuse it)."""
+    from distributed.comm import connect
+
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    ctx.check_hostname = False
+
+    async def attempt():
+        comm = await connect(address, timeout=10, ssl_context=ctx)
+        await comm.write({"op": "identity"})
+        return await comm.read()
+
+    asyncio.run(attempt())
+
+
+def test_clients_without_the_cluster_certificate_are_refused(certs, tls_cluster, tmp_path):
+    address, procs = tls_cluster
+    marker = tmp_path / "ran"
+    other = certs / "other"
+    foreign = client_security(other)  # trusts and presents the other CA
+    foreign_cert = client_security(other)  # trusts the cluster's CA, presents the other's cert
+    foreign_cert.tls_ca_file = str(certs / "cluster" / "ca.pem")
+    attempts = {
+        "no security": lambda: dkern.connect(address, timeout=10),
+        "another CA": lambda: dkern.connect(address, security=foreign, timeout=10),
+        "certificate of another CA": lambda: dkern.connect(address, security=foreign_cert,
+                                                           timeout=10),
+        "tcp://": lambda: dkern.connect(address.replace("tls://", "tcp://"), timeout=10),
+    }
+    start = time.perf_counter()
+    for name, connect in attempts.items():
+        # A client that got through would create the marker file on a worker.
+        with pytest.raises((OSError, TypeError)):
+            connect().submit(Path.touch, marker).result(timeout=30)
+        assert not marker.exists(), name
+        # The half-made Client of a failed attempt must be collected here: collected later
+        # in the IO-loop thread of the next Client, its __del__ waits on that very thread
+        # (distributed 2026.8 deadlocks the next connect).
+        gc.collect()
+    with pytest.raises(OSError):  # trusts the cluster's CA, holds no certificate
+        _no_certificate_handshake(address, certs / "cluster" / "ca.pem")
+    logger.info("5 refused connection attempts took %.2f s", time.perf_counter() - start)
+
+    log = procs.workdir / "scheduler.log"
+    deadline = time.monotonic() + 10  # the scheduler's log lines may lag the refusals
+    while log.read_text().count("TLS handshake failed") < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # Refused by the scheduler itself: the foreign certificate, the missing one, and tcp://
+    # (the "another CA" client also refuses the scheduler's certificate on its side).
+    assert log.read_text().count("TLS handshake failed") >= 4, procs.logs()
+
+    with dkern.connect(address, security=client_security(certs / "cluster"), timeout=30) as c:
+        assert "touch" not in _task_prefixes(c)  # no refused client's task
+        c.submit(Path.touch, marker).result(timeout=30)  # the check can see a task that ran
+        assert marker.exists() and "touch" in _task_prefixes(c)
