@@ -27,7 +27,7 @@ import dkern
 
 logger = logging.getLogger(__name__)
 
-#: Short timeouts: a refused client fails within them instead of distributed's 30 s.
+#: The cluster processes' Dask config (the test's clients keep the defaults, as an outsider's).
 CONFIG = {"distributed": {"comm": {"require-encryption": True,
                                    "timeouts": {"connect": "10s"}}}}
 
@@ -143,6 +143,7 @@ def test_clients_without_the_cluster_certificate_are_refused(certs, tls_cluster,
     assert log.read_text().count("TLS handshake failed") >= 4, procs.logs()
 
     with dkern.connect(address, security=client_security(certs / "cluster"), timeout=30) as c:
+        c.wait_for_workers(1, timeout=60)
         assert all(w.startswith("tls://") for w in c.scheduler_info()["workers"])
         assert "touch" not in _task_prefixes(c)  # no refused client's task
         c.submit(Path.touch, marker).result(timeout=30)  # the check can see a task that ran
