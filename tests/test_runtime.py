@@ -35,8 +35,9 @@ def _close(client):
 
 @pytest.fixture(scope="module")
 def embedded():
-    """dkern.connect()'s embedded cluster, two workers."""
-    client = connect(n_workers=2, silence_logs=logging.CRITICAL)
+    """dkern.connect()'s embedded cluster: one worker with a 600 MB limit (one cluster for
+    the whole module: each start costs seconds). The memory tests come last."""
+    client = connect(n_workers=1, memory_limit="600MB", silence_logs=logging.CRITICAL)
     try:
         yield client
     finally:
@@ -46,7 +47,7 @@ def embedded():
 def test_embedded_cluster_listens_on_loopback_only(embedded):
     assert embedded.scheduler.address.startswith("tcp://127.0.0.1:")
     workers = embedded.scheduler_info()["workers"]
-    assert len(workers) == 2
+    assert len(workers) == 1
     assert all(address.startswith("tcp://127.0.0.1:") for address in workers)
     port = int(embedded.dashboard_link.split(":")[2].split("/")[0])
     listening = [c.laddr for c in psutil.Process().net_connections(kind="tcp")
@@ -132,17 +133,13 @@ def test_version_mismatches_lists_each_process():
                                             "dask: client 1, worker tcp://w:1 None"]
 
 
-# -- memory: one worker with a 600 MB limit, the nanny's terminate switched off so that a
-# worker above its limit stays (paused) instead of being restarted.
+# -- memory: the nanny's terminate switched off so that a worker above its limit stays
+# (paused) instead of being restarted.
 
-@pytest.fixture(scope="module")
-def limited():
-    client = connect(n_workers=1, memory_limit="600MB", silence_logs=logging.CRITICAL)
-    try:
-        client.run(_no_terminate, nanny=True)
-        yield client
-    finally:
-        _close(client)
+@pytest.fixture
+def limited(embedded):
+    embedded.run(_no_terminate, nanny=True)
+    return embedded
 
 
 def _no_terminate(dask_worker):

@@ -86,7 +86,7 @@ def connect(address: str | None = None, *, check_versions: bool = True,
             _close(client)
             raise
     if watch_pauses:
-        client._dkern_pause_watch = PauseWatch(client).start()
+        PauseWatch(client).start()  # its thread ends when the client closes
     logger.info("dkern connected to %s; dashboard: %s", client.scheduler.address,
                 client.dashboard_link)
     return client
