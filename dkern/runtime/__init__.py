@@ -1,0 +1,133 @@
+"""Where the work runs: an embedded LocalCluster by default, any Dask scheduler otherwise.
+
+Worker settings live in one file, ``dkern/runtime/worker.yaml`` (``WORKER_CONFIG``): the
+embedded cluster reads it here, the scripts of ``cluster/`` through ``DASK_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import dask
+from distributed import Client, LocalCluster
+
+from . import checks
+from .checks import SAFE_DESERIALIZERS, ClusterVersionError
+from .config import WORKER_CONFIG, worker_config
+from .watch import PauseWatch, WorkersPausedWarning
+
+__all__ = ["SCHEDULER_ENV", "WORKER_CONFIG", "WORKER_MALLOC_ENV", "ClusterVersionError",
+           "WorkersPausedWarning", "connect"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming a scheduler to connect to when no address is given.
+SCHEDULER_ENV = "DKERN_SCHEDULER_ADDRESS"
+
+#: The glibc settings ``WORKER_CONFIG`` gives worker processes (why: in that file).
+WORKER_MALLOC_ENV = {key.rsplit(".", 1)[1]: str(value) for key, value in worker_config().items()
+                     if key.startswith("distributed.nanny.pre-spawn-environ.MALLOC_")}
+
+_SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
+
+
+def connect(address: str | None = None, *, check_versions: bool = True,
+            trusted_results: bool = False, watch_pauses: bool = True,
+            **kwargs: Any) -> Client:
+    """A ``distributed.Client`` for dkern's work.
+
+    Parameters
+    ----------
+    address : str, optional
+        A scheduler address (``tcp://host:8786``, ``tls://…``). Without one,
+        ``$DKERN_SCHEDULER_ADDRESS`` is used if set, else an embedded
+        ``LocalCluster`` starts: one single-threaded worker process per core by default
+        (each worker's BLAS uses one core), with the settings of ``WORKER_CONFIG``, the
+        scheduler, workers and dashboard listening on 127.0.0.1 only.
+    check_versions : bool, default True
+        Refuse (``ClusterVersionError``) a cluster whose scheduler or workers run other
+        versions of dkern, dask, distributed or numpy than this process.
+    trusted_results : bool, default False
+        False: the client reads results only in dask's array format, msgpack (numbers,
+        strings, lists, dicts) or distributed's error message, and refuses a result that
+        would need unpickling (an arbitrary Python object). True: distributed's default,
+        which unpickles whatever the cluster sends; only for a cluster you trust.
+    watch_pauses : bool, default True
+        Warn (logging WARNING and a ``WorkersPausedWarning``) within about two seconds
+        when workers pause for memory, naming them, their memory and their limit.
+    **kwargs
+        Passed to ``LocalCluster`` (e.g. ``n_workers``, ``memory_limit``) for the
+        embedded cluster, or to ``Client`` for a remote scheduler.
+
+    Returns
+    -------
+    distributed.Client
+        Its dashboard link is logged at INFO level.
+
+    Raises
+    ------
+    ValueError
+        ``address`` is not a scheduler address.
+    ConnectionError
+        No scheduler answers at ``address`` (within distributed's connect timeout).
+    ClusterVersionError
+        With ``check_versions``: the versions differ (the client is closed).
+    """
+    address = address or os.environ.get(SCHEDULER_ENV) or None
+    deserializers = None if trusted_results else SAFE_DESERIALIZERS
+    client = _embedded(deserializers, kwargs) if address is None else \
+        _remote(address, deserializers, kwargs)
+    if check_versions:
+        try:
+            checks.check_versions(client)
+        except Exception:
+            _close(client)
+            raise
+    if watch_pauses:
+        PauseWatch(client).start()  # its thread ends when the client closes
+    logger.info("dkern connected to %s; dashboard: %s", client.scheduler.address,
+                client.dashboard_link)
+    return client
+
+
+def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client:
+    """A LocalCluster with dkern's worker settings, on loopback, and its client."""
+    kwargs.setdefault("n_workers", os.cpu_count() or 1)
+    kwargs.setdefault("threads_per_worker", 1)
+    # Loopback only: a scheduler runs any code its clients send, and the dashboard has no
+    # authentication; neither should be reachable from the network by default.
+    kwargs.setdefault("host", "127.0.0.1")
+    kwargs.setdefault("dashboard_address", "127.0.0.1:0")
+    # Read by each nanny when it is created (and reused if it restarts its worker).
+    with dask.config.set(worker_config()):
+        cluster = LocalCluster(**kwargs)
+    try:
+        return Client(cluster, deserializers=deserializers)
+    except Exception:
+        cluster.close()
+        raise
+
+
+def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client:
+    """A client of the scheduler at ``address``."""
+    if not address.startswith(_SCHEMES):
+        raise ValueError(f"address must be a Dask scheduler address such as "
+                         f"'tcp://host:8786'; got {address!r}.")
+    kwargs.setdefault("deserializers", deserializers)
+    try:
+        return Client(address, **kwargs)
+    except OSError as err:
+        raise ConnectionError(
+            f"could not reach the Dask scheduler at {address!r}: {err}. Start it (see "
+            f"cluster/README.md) or check the address; with no address (and "
+            f"${SCHEDULER_ENV} unset) dkern starts an embedded LocalCluster.") from err
+
+
+def _close(client: Client) -> None:
+    """Close ``client`` and, if connect() started it, its cluster."""
+    cluster = client.cluster
+    client.close()
+    if cluster is not None:
+        cluster.close()
