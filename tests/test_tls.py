@@ -169,9 +169,6 @@ def _listening_hosts(port: int) -> set[str]:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="dkern.connect() starts the embedded LocalCluster with "
-                   "dashboard_address=':0', which binds the dashboard to every interface; "
-                   "dkern/runtime.py (the runtime helper's) must pass '127.0.0.1:0'")
 def test_embedded_cluster_listens_on_loopback_only():
     from urllib.parse import urlparse
 
