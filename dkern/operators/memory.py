@@ -33,6 +33,9 @@ READ_FACTOR = 3
 #: What a block function adds to its inputs: up to three 4 MiB kernel tiles
 #: (:mod:`dkern.backends.numpy_backend`).
 TILE_OVERHEAD = 3 * 4 * 2**20
+#: Tasks up to this estimate are not checked (no round trip to the scheduler): a worker
+#: process alone takes ~150 MB, so no worker that can run dkern gives a task less.
+UNCHECKED_TASK_BYTES = 64 * 2**20
 
 
 def persist_budget() -> int:
@@ -94,8 +97,9 @@ def row_task_bytes(X: da.Array, per_row: int = 0) -> int:
 
 def fits_in_task(X: da.Array, per_row: int = 0) -> bool:
     """Whether :func:`row_task_bytes` is within :func:`task_budget` (True without limits)."""
-    budget = task_budget()
-    return budget is None or row_task_bytes(X, per_row) <= budget[0]
+    need = row_task_bytes(X, per_row)
+    budget = task_budget() if need > UNCHECKED_TASK_BYTES else None
+    return budget is None or need <= budget[0]
 
 
 def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
@@ -115,9 +119,10 @@ def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
     MemoryLimitError
         The estimate of one task is over ``TASK_FRACTION`` of the smallest worker memory
         limit (per thread); the message gives both and the largest row chunk that fits.
+        Estimates up to ``UNCHECKED_TASK_BYTES`` are accepted without asking the scheduler.
     """
-    budget = task_budget()
     need = row_task_bytes(X, per_row)
+    budget = task_budget() if need > UNCHECKED_TASK_BYTES else None
     if budget is None or need <= budget[0]:
         return
     share, limit, nthreads = budget
