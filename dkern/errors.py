@@ -21,6 +21,10 @@ class CorruptChunkError(StoreError):
     """A chunk failed its checksum, or a chunk the manifest lists is missing."""
 
 
+class MemoryLimitError(DkernError):
+    """A task of the requested work would need more memory than a worker may give it."""
+
+
 class NotPositiveDefiniteError(DkernError):
     """An operator that must be symmetric positive definite is not (numerically)."""
 

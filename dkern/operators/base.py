@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 
 from ..io import as_rows, is_lazy
+from .memory import check_row_chunks
 
 
 def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
@@ -20,9 +21,13 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
     In-memory (numpy) input is persisted: on a distributed cluster its chunks are
     sent to the workers once, and every later graph built on it (one per solver
     iteration) names them by key instead of carrying the data again.
+
+    Raises :class:`~dkern.errors.MemoryLimitError` before anything runs when one task
+    over a row chunk cannot fit in the current cluster's workers (:func:`check_row_chunks`).
     """
     Xd = as_rows(X, name=name, dtype=dtype, check_finite=check_finite)
     Xd = Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
+    check_row_chunks(Xd, name)
     if is_lazy(X):
         return Xd
     (Xd,) = dask.persist(Xd)

@@ -1,17 +1,41 @@
-"""How much memory the workers can give to data kept on the cluster (persisted blocks)."""
+"""How much memory the workers give to dkern: to persisted blocks, and to one task of a pass.
+
+A pass over the data runs one task per row chunk (or chunk pair); a task that needs more
+than a worker has is not slowed down but killed by the worker's nanny, retried elsewhere
+and killed again. :func:`check_row_chunks` refuses such a chunking before anything is
+submitted, with the estimate, the limit and the fix in the message.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import dask.array as da
 import dask.base
 import psutil
+
+from ..errors import MemoryLimitError
 
 logger = logging.getLogger(__name__)
 
 #: Share of the workers' memory that persisted blocks may take: dask's workers spill at
 #: 60% of their limit and pause at 80%, and the tasks of a pass need room of their own.
 PERSIST_FRACTION = 0.3
+#: Share of a worker's memory limit that the tasks it runs side by side may take: the rest
+#: is the worker process itself (~150 MB of code), data waiting between tasks, and the
+#: margin to the nanny's terminate threshold (95% of the limit).
+TASK_FRACTION = 0.5
+#: Peak bytes of a task reading a stored row chunk, per byte of the chunk: zarr holds the
+#: compressed bytes, the decoded chunk and the array it returns at once (the measured peak
+#: of a pass over a one-chunk store is in benchmarks/reliability/memory_4x.json).
+READ_FACTOR = 3
+#: What a block function adds to its inputs: up to three 4 MiB kernel tiles
+#: (:mod:`dkern.backends.numpy_backend`).
+TILE_OVERHEAD = 3 * 4 * 2**20
+#: Tasks up to this estimate are not checked (no round trip to the scheduler): a worker
+#: process alone takes ~150 MB, so no worker that can run dkern gives a task less.
+UNCHECKED_TASK_BYTES = 64 * 2**20
 
 
 def persist_budget() -> int:
@@ -22,17 +46,106 @@ def persist_budget() -> int:
     without a limit counts the machine's available memory. Dask's local schedulers keep
     persisted blocks in this process: ``PERSIST_FRACTION`` of its available memory.
     """
-    client = getattr(dask.base.get_scheduler(), "__self__", None)
-    info = getattr(client, "scheduler_info", None)
+    workers = _workers()
     available = psutil.virtual_memory().available
-    if info is None:
+    if workers is None:
         return int(PERSIST_FRACTION * available)
-    try:
-        workers = info(n_workers=-1)["workers"].values()  # some versions list only a few
-    except TypeError:  # versions without n_workers list them all
-        workers = info()["workers"].values()
     limits = [w.get("memory_limit") or available for w in workers]
     if not limits:
         return 0
     return int(PERSIST_FRACTION * min(limits) * len(limits))
 
+
+def task_budget() -> tuple[int, int, int] | None:
+    """What one task may take on the tightest worker of the current ``distributed`` client.
+
+    Returns
+    -------
+    (budget, memory_limit, nthreads) or None
+        ``budget = TASK_FRACTION · memory_limit / nthreads`` for the worker where it is
+        smallest; None on dask's local schedulers or when no worker has a memory limit.
+    """
+    workers = _workers()
+    shares = [(TASK_FRACTION * w["memory_limit"] / max(1, w.get("nthreads") or 1),
+               int(w["memory_limit"]), max(1, w.get("nthreads") or 1))
+              for w in workers or () if w.get("memory_limit")]
+    if not shares:
+        return None
+    budget, limit, nthreads = min(shares)
+    return int(budget), limit, nthreads
+
+
+def row_task_bytes(X: da.Array, per_row: int = 0) -> int:
+    """Peak bytes of one task of a pass over X's largest row chunk.
+
+    The task reads the chunk (``READ_FACTOR`` times its bytes), holds one more block of
+    that size (the other side of a chunk pair, or the chunk as read while the next is
+    decoded), ``per_row`` float64 values per row (kernel columns, a factor), and the
+    block function's kernel tiles.
+
+    Parameters
+    ----------
+    X : dask.array.Array of shape (n, d)
+        Row-chunked.
+    per_row : int, default=0
+        float64 values per row the task holds besides X's row.
+    """
+    rows = max(X.chunks[0]) if X.shape[0] else 0
+    row_bytes = X.dtype.itemsize * (X.shape[1] if X.ndim > 1 else 1)
+    return int(rows * ((READ_FACTOR + 1) * row_bytes + 8 * per_row) + TILE_OVERHEAD)
+
+
+def fits_in_task(X: da.Array, per_row: int = 0) -> bool:
+    """Whether :func:`row_task_bytes` is within :func:`task_budget` (True without limits)."""
+    need = row_task_bytes(X, per_row)
+    budget = task_budget() if need > UNCHECKED_TASK_BYTES else None
+    return budget is None or need <= budget[0]
+
+
+def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
+    """Refuse, before anything runs, row chunks whose task cannot fit in a worker.
+
+    Parameters
+    ----------
+    X : dask.array.Array of shape (n, d)
+        The rows a pass will read, chunked as the pass will read them.
+    name : str
+        How the message names X.
+    per_row : int, default=0
+        See :func:`row_task_bytes`.
+
+    Raises
+    ------
+    MemoryLimitError
+        The estimate of one task is over ``TASK_FRACTION`` of the smallest worker memory
+        limit (per thread); the message gives both and the largest row chunk that fits.
+        Estimates up to ``UNCHECKED_TASK_BYTES`` are accepted without asking the scheduler.
+    """
+    need = row_task_bytes(X, per_row)
+    budget = task_budget() if need > UNCHECKED_TASK_BYTES else None
+    if budget is None or need <= budget[0]:
+        return
+    share, limit, nthreads = budget
+    rows = max(X.chunks[0])
+    fit = max(1, int(rows * (share - TILE_OVERHEAD) / (need - TILE_OVERHEAD)))
+    raise MemoryLimitError(
+        f"{name}'s row chunks of up to {rows} rows ({X.shape[1] if X.ndim > 1 else 1} "
+        f"{X.dtype} values each) need about {need / 1e6:.0f} MB per task, over the "
+        f"{share / 1e6:.0f} MB a task may take on the workers (memory_limit "
+        f"{limit / 1e6:.0f} MB, {nthreads} thread(s); dkern allows {TASK_FRACTION:.0%} of "
+        f"it per thread). Nothing was submitted. Use row chunks of at most {fit} rows: "
+        f"{name}.rechunk({{0: {fit}}}) for a dask array, or, since a Zarr chunk is read "
+        f"whole, rewrite the store with dkern.io.write_array(..., chunk_rows={fit}); or give "
+        "the workers more memory.")
+
+
+def _workers() -> list[dict[str, Any]] | None:
+    """The current ``distributed`` scheduler's worker records; None for local schedulers."""
+    client = getattr(dask.base.get_scheduler(), "__self__", None)
+    info = getattr(client, "scheduler_info", None)
+    if info is None:
+        return None
+    try:
+        return list(info(n_workers=-1)["workers"].values())  # some versions list only a few
+    except TypeError:  # versions without n_workers list them all
+        return list(info()["workers"].values())

@@ -30,6 +30,7 @@ from ..io import as_rows
 from ..kernels import Kernel, check_n_features
 from .base import data_rows
 from .gram import GramOperator
+from .memory import fits_in_task
 from .pairwise import pairwise_reduce
 
 
@@ -92,11 +93,12 @@ class NystromOperator(GramOperator):
         kernel (the Falkon iteration becomes memory-bound BLAS), and whatever else
         reads X (a row sample) reads the persisted copy, not its store. Returns whether
         it cached; the memory used is ``n · (M + d) · itemsize`` over the workers. When
-        ``K_nm`` is too large but X fits, X alone is persisted, so passes stop
-        re-reading (and re-verifying) it from its store.
+        ``K_nm`` is too large (in all, or one row block for one task of a worker:
+        :func:`~dkern.operators.memory.fits_in_task`) but X fits, X alone is persisted,
+        so passes stop re-reading (and re-verifying) it from its store.
         """
         knm_bytes = self.shape[0] * self.shape[1] * self.dtype.itemsize
-        if knm_bytes + self.X.nbytes > max_bytes:
+        if knm_bytes + self.X.nbytes > max_bytes or not fits_in_task(self.X, self.shape[1]):
             if self.X.nbytes <= max_bytes:
                 (self.X,) = dask.persist(self.X)
             return False

@@ -1,0 +1,137 @@
+"""A remote client receives O(1) bytes per CG iteration and O(M²) for a Nyström fit, never
+an n-sized array: every byte the client process reads from its connections is counted.
+
+The scheduler and two workers run in another process, so what is counted here is only what
+reaches the client (a LocalCluster would run its scheduler in this process too).
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import dask
+import numpy as np
+import pytest
+
+from dkern.io import write_arrays
+from dkern.kernels import Gaussian
+from dkern.models import KernelRidge
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore::dkern.errors.ConvergenceWarning")]
+
+N1, N2, D, CG_ITER, M = 2_000, 8_000, 4, 6, 96
+
+CLUSTER = textwrap.dedent("""
+    import sys
+    from distributed import LocalCluster
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        print(cluster.scheduler_address, flush=True)
+        sys.stdin.read()  # until the test closes our stdin
+""")
+
+
+@pytest.fixture(scope="module")
+def remote_client():
+    """A client in this process, attached to a scheduler and 2 workers in a subprocess."""
+    from distributed import Client
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        address = proc.stdout.readline().strip()  # the subprocess exits (EOF) if it fails
+        assert address.startswith("tcp://"), "the cluster process did not start"
+        # No periodic refresh of the worker listing: it would count time, not work.
+        with dask.config.set({"distributed.client.scheduler-info-interval": "1h"}), \
+                Client(address, set_as_default=False, timeout=60) as client:
+            yield client
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.fixture
+def received(monkeypatch):
+    """A one-element list holding the bytes every connection of this process has read."""
+    import distributed.comm.tcp as tcp
+
+    count = [0]
+    real = tcp.from_frames
+
+    async def counting(frames, *args, **kwargs):
+        count[0] += sum(memoryview(f).nbytes for f in frames)
+        return await real(frames, *args, **kwargs)
+
+    monkeypatch.setattr(tcp, "from_frames", counting)
+    return count
+
+
+def _store(path, n):
+    """X (n, D) and y in 4 row chunks whatever n: the client hears of each chunk's tasks,
+    so a fixed chunk count leaves n as the only difference between the two sizes."""
+    rng = np.random.default_rng(n)
+    X = rng.uniform(-2, 2, size=(n, D))
+    with dask.config.set(scheduler="synchronous"):  # written here, not counted
+        write_arrays(path, {"X": X, "y": np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=n)},
+                     chunk_rows=n // 4)
+    return str(path)
+
+
+def _fit(client, received, monkeypatch, solver_name, url, **params):
+    """Bytes received by the fit, and at each of the solver's iterations."""
+    import dkern.models.kernel_ridge as kr
+
+    at_iteration = []
+    solver = getattr(kr, solver_name)
+    monkeypatch.setattr(kr, solver_name, functools.partial(
+        solver, callback=lambda k, rel: at_iteration.append(received[0])))
+    before = received[0]
+    with dask.config.set(scheduler=client):
+        model = KernelRidge(Gaussian(1.0), alpha=1e-2, random_state=0, **params)
+        model.fit((url, "X"), (url, "y"))
+    return model, received[0] - before, np.diff(at_iteration)
+
+
+def test_client_receives_no_n_sized_array(tmp_path, remote_client, received, monkeypatch):
+    figures = {}
+    for n in (N1, N2):
+        url = _store(tmp_path / f"{n}.zarr", n)
+        cg_model, cg_total, cg_steps = _fit(remote_client, received, monkeypatch, "cg", url,
+                                            solver="cg", tol=1e-30, max_iter=CG_ITER)
+        assert cg_model.n_iter_ == CG_ITER
+        before = received[0]
+        with dask.config.set(scheduler=remote_client):
+            cg_model.predict((url, "X"), out=(url, "pred"))
+        predict_total = received[0] - before
+        _, ny_total, _ = _fit(remote_client, received, monkeypatch, "falkon", url,
+                              solver="nystrom", n_centers=M, tol=1e-30, max_iter=CG_ITER)
+        figures[n] = {"n_times_8": 8 * n, "cg_fit": cg_total,
+                      "cg_per_iteration_median": float(np.median(cg_steps[1:])),
+                      "cg_per_iteration_max": int(cg_steps[1:].max()),
+                      "predict_to_zarr": predict_total, "nystrom_fit": ny_total,
+                      "nystrom_M2_times_8": 8 * M * M}
+    out = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reliability")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "client_bytes.json"), "w") as f:
+        json.dump({"cg_iterations": CG_ITER, "n_features": D, "M": M,
+                   "bytes_received_by_client": figures}, f, indent=1)
+    small, big = figures[N1], figures[N2]
+    growth = 8 * (N2 - N1)  # what one n-vector more would add
+    for fig in (small, big):  # per CG step: scalars and task reports, not a vector
+        assert fig["cg_per_iteration_max"] < 8 * N1 / 2, figures
+        assert fig["nystrom_fit"] < 4 * fig["nystrom_M2_times_8"], figures
+    for key in ("cg_per_iteration_median", "predict_to_zarr"):
+        assert abs(big[key] - small[key]) < 0.1 * growth, (key, figures)
+    # The whole fits add the preconditioner's / the sketch's O(r²), O(M²) transfers; what
+    # they receive grows by well under the n-vector a gathered solution would add.
+    assert abs(big["nystrom_fit"] - small["nystrom_fit"]) < 0.5 * growth, figures
+    assert big["cg_fit"] - small["cg_fit"] < 2 * growth, figures
