@@ -5,11 +5,13 @@ chunking): the checkpoint stores every vector and scalar exactly.
 """
 
 import json
+import os
 import threading
 import time
 import warnings
 from pathlib import Path
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -221,3 +223,140 @@ def test_checkpoints_keep_the_scheduler_task_count_flat(cluster_client, tmp_path
                        "seconds_per_iteration_without": round(per_iteration, 3),
                        "seconds_per_iteration_with": round(seconds / 500, 3),
                        "seconds_per_write_estimate": round(seconds / 20 - 25 * per_iteration, 2)})
+
+
+@pytest.mark.slow
+def test_kernel_ridge_fit_resumes_from_its_checkpoint(sync_scheduler, tmp_path):
+    from dkern import KernelRidge, load, save
+    from dkern.kernels import Matern
+
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(size=(400, 1)), rng.normal(size=400)
+    # a slowly decaying spectrum: CG still iterates after the rank-300 preconditioner
+    kw = dict(alpha=1e-8, solver="cg", tol=1e-3, random_state=0)
+    ref = KernelRidge(Matern(1.0, nu=0.5), **kw).fit(X, y)
+    model = KernelRidge(Matern(1.0, nu=0.5), checkpoint=tmp_path / "ck", checkpoint_every=3,
+                        **kw)
+    with pytest.raises(Stop):
+        model.fit(X, y, callback=stop_at(4))
+    monitor = SolveMonitor()
+    model.fit(X, y, callback=monitor)
+    assert monitor.iterations[0] == 3 and model.n_iter_ == ref.n_iter_ > 4
+    np.testing.assert_array_equal(model.dual_coef_, ref.dual_coef_)
+    save(model, tmp_path / "model")  # a path-like checkpoint is stored as its str
+    assert load(tmp_path / "model").checkpoint == str(tmp_path / "ck")
+
+
+DRIVER = """
+import json, sys, warnings
+import numpy as np
+import dkern
+from dkern.io import open_array, write_array
+from dkern.kernels import Gaussian
+from dkern.solvers import SolveMonitor, cg
+
+store, scheduler, ck = sys.argv[1:4]
+client = dkern.connect(scheduler)
+monitor = SolveMonitor()
+A = dkern.gram(Gaussian(0.5), (store, "X")) + 1e-2
+out = cg(A, open_array(store, "y"), tol=1e-8, checkpoint=ck, checkpoint_every=10, callback=monitor)
+write_array(out.x, store, "x", overwrite=True)
+print(json.dumps({"first": monitor.iterations[0], "n_iter": out.n_iter}))
+client.close()
+"""
+
+
+class _Cluster:
+    """A scheduler and two workers as subprocesses; every process is killed at the end."""
+
+    def __init__(self, folder):
+        self.folder, self.procs = folder, []
+
+    def start(self, name):
+        import subprocess
+        import sys
+
+        file = self.folder / f"{name}.json"
+        base = [sys.executable, "-m", "dask"]
+        self.scheduler = self._spawn(base + ["scheduler", "--port", "0", "--no-dashboard",
+                                             "--host", "127.0.0.1", "--scheduler-file",
+                                             str(file)], subprocess)
+        deadline = time.monotonic() + 120
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.address = json.loads(file.read_text())["address"]
+        self._spawn(base + ["worker", self.address, "--nworkers", "2", "--nthreads", "1",
+                            "--no-dashboard"], subprocess)
+        return self.address
+
+    def _spawn(self, cmd, subprocess, stdout=None):
+        proc = subprocess.Popen(cmd, stdout=stdout or subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *args):
+        import subprocess
+        import sys
+
+        return self._spawn([sys.executable, "-c", DRIVER, *args], subprocess, subprocess.PIPE)
+
+    def close(self):
+        import signal
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+def _wait_for_checkpoint(ck, past, proc, timeout=300):
+    """Poll until a checkpoint past iteration ``past`` is published; its iteration."""
+    from dkern.io import read_attrs
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the solve ended before it was to be killed"
+        try:
+            k = read_attrs(ck)["dkern_checkpoint"]["iteration"]
+        except (DkernError, KeyError, OSError):
+            k = -1
+        if k > past:
+            return k
+        time.sleep(0.1)
+    raise AssertionError(f"no checkpoint past iteration {past} within {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_solve_survives_sigkill_of_client_then_of_scheduler(tmp_path):
+    import signal
+
+    from dkern.io import open_array, write_arrays
+
+    X, y = _problem()
+    store, ck = str(tmp_path / "data.zarr"), str(tmp_path / "ck")
+    write_arrays(store, {"X": X, "y": y}, chunk_rows=200)
+    with dask.config.set(scheduler="synchronous"):  # the uninterrupted run, in process
+        A = gram(Gaussian(0.5), (store, "X")) + 1e-2
+        ref = cg(A, open_array(store, "y"), tol=1e-8)
+        expected = ref.x.compute()
+    cluster = _Cluster(tmp_path)
+    try:
+        address = cluster.start("first")
+        client = cluster.run(store, address, ck)  # 1. SIGKILL the client
+        first = _wait_for_checkpoint(ck, 0, client)
+        os.killpg(client.pid, signal.SIGKILL)
+        client = cluster.run(store, address, ck)  # 2. rerun; SIGKILL the scheduler
+        second = _wait_for_checkpoint(ck, first, client)
+        os.killpg(cluster.scheduler.pid, signal.SIGKILL)
+        cluster.close()
+        address = cluster.start("second")  # 3. a new cluster; the same command
+        client = cluster.run(store, address, ck)
+        stdout, _ = client.communicate(timeout=300)
+    finally:
+        cluster.close()
+    report = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert first >= 10 and report["first"] >= second > first  # resumed, not restarted
+    assert report["n_iter"] == ref.n_iter
+    np.testing.assert_array_equal(open_array(store, "x").compute(), expected)

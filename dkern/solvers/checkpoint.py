@@ -143,6 +143,14 @@ class Checkpoint:
         return meta
 
 
+def check_checkpoint(checkpoint: Any, every: Any) -> None:
+    """Refuse a ``checkpoint`` that is not a location, or a ``checkpoint_every`` < 1."""
+    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a folder or fsspec URL (str or path-like) or "
+                        f"None; got {type(checkpoint).__name__}. Pass e.g. 'fit.ckpt'.")
+    integer(every, "checkpoint_every", hint=" It counts iterations between checkpoints.")
+
+
 def remove_checkpoint(url: Any) -> None:
     """Delete the checkpoint at ``url`` (nothing if there is none).
 
