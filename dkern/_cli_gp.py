@@ -35,7 +35,10 @@ def gp_model(args: argparse.Namespace) -> Any:
     return GaussianProcessRegressor(from_repr(args.kernel), alpha=args.alpha,
                                     solver=args.solver, n_centers=args.centers,
                                     optimizer=optimizer, tol=args.tol, backend=args.backend,
-                                    random_state=args.seed)
+                                    random_state=args.seed,
+                                    verbose=not (args.quiet or args.json),
+                                    checkpoint=args.checkpoint,
+                                    checkpoint_every=args.checkpoint_every)
 
 
 def std_path(args: argparse.Namespace) -> str | None:

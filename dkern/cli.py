@@ -31,6 +31,7 @@ from ._cli_gp import (
     write_gp_predictions,
 )
 from .errors import DkernError
+from .solvers.checkpoint import CHECKPOINT_EVERY
 
 logger = logging.getLogger("dkern")
 
@@ -71,18 +72,23 @@ def _make_data(args: argparse.Namespace) -> dict[str, Any]:
 def _fit(args: argparse.Namespace) -> dict[str, Any]:
     from . import save
     from .models.persist import check_can_save
+    from .solvers import SolveMonitor, remove_checkpoint
 
     check_model_options(args)
     check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
     model = gp_model(args) if args.model_type == "gp" else _krr_model(args)
+    monitor = SolveMonitor()
     with _client(args):
         start = time.perf_counter()
-        model.fit((args.data, args.x), (args.data, args.y))
+        model.fit((args.data, args.x), (args.data, args.y), callback=monitor)
         fit_s = time.perf_counter() - start
         save(model, args.model, overwrite=args.overwrite)
     report = {"model": args.model, "model_type": args.model_type,
               "kernel": repr(model.kernel_), "solver": model.solver_,
               "n_iter": model.n_iter_, "converged": model.converged_, "fit_s": round(fit_s, 2)}
+    if args.checkpoint is not None:  # the saved model holds the result now
+        remove_checkpoint(args.checkpoint)
+        report["resumed_from"] = monitor.iterations[0] if monitor.iterations else 0
     if args.model_type == "gp":  # NaN (not computed above EXACT_MAX_N rows) is JSON null
         lml = float(model.log_marginal_likelihood_value_)
         report["log_marginal_likelihood"] = None if np.isnan(lml) else lml
@@ -96,7 +102,8 @@ def _krr_model(args: argparse.Namespace) -> Any:
     return KernelRidge(from_repr(args.kernel), alpha=args.alpha, solver=args.solver,
                        n_centers=args.centers, centers=args.center_method or "uniform",
                        tol=args.tol, max_iter=args.max_iter, backend=args.backend,
-                       random_state=args.seed, verbose=not (args.quiet or args.json))
+                       random_state=args.seed, verbose=not (args.quiet or args.json),
+                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
 
 
 def _predict(args: argparse.Namespace) -> dict[str, Any]:
@@ -365,6 +372,13 @@ def _parser() -> argparse.ArgumentParser:
                           "solver exact/cg; the sparse GP's bound with nystrom, two passes "
                           "over the data per step, often dozens of steps)")
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--checkpoint", default=None,
+                     help="folder or fsspec URL (seen by every worker) where CG / Falkon save "
+                          "their state every --checkpoint-every iterations; rerunning the same "
+                          "command resumes there (the report's resumed_from), and the "
+                          "checkpoint is removed once the model is saved")
+    fit.add_argument("--checkpoint-every", type=_positive_int, default=CHECKPOINT_EVERY,
+                     help="iterations between checkpoints")
     fit.add_argument("--model", required=True, help="where to save the model (a Zarr group)")
     fit.add_argument("--overwrite", action="store_true", help="replace a model already there")
     fit.set_defaults(run=_fit, usage_error=fit.error)

@@ -158,9 +158,12 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
                "300", "--workers", "1", "--quiet")[0] == 0
     args = ["fit", "--data", store, "--x", "X", "--y", "y", "--kernel",
             "Gaussian(lengthscale=0.5)", "--alpha", "0.1", "--solver", "nystrom", "--centers",
-            "60", "--model", model, "--workers", "1", "--json"]
+            "60", "--model", model, "--workers", "1", "--json", "--checkpoint",
+            str(tmp_path / "ck"), "--checkpoint-every", "1"]
     code, out, _ = run(capsys, *args)
     assert code == 0 and json.loads(out)["solver"] == "nystrom"
+    # a fresh fit (resumed from iteration 0) whose checkpoint goes once the model is saved
+    assert json.loads(out)["resumed_from"] == 0 and not (tmp_path / "ck").exists()
     import dkern
 
     def no_fit(*_, **__):

@@ -6,6 +6,7 @@ GP's statistics (:mod:`._gp_sparse`). Each function sets the fitted attributes o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,9 +79,12 @@ def fit_exact(gp: GaussianProcessRegressor, X: np.ndarray, y: Any, alpha: float)
     gp.n_iter_, gp.converged_ = 1, True
 
 
-def fit_cg(gp: GaussianProcessRegressor, X: Any, y: Any, alpha: float, tol: float) -> None:
+def fit_cg(gp: GaussianProcessRegressor, X: Any, y: Any, alpha: float, tol: float,
+           callback: Callable[[int, np.ndarray], None] | None = None) -> None:
     """``alpha_`` by preconditioned block CG; the exact LML too for n <= ``EXACT_MAX_N``."""
-    result = cg(gp._operator(alpha), y, preconditioner=gp._cg_preconditioner(alpha), tol=tol)
+    result = cg(gp._operator(alpha), y, preconditioner=gp._cg_preconditioner(alpha), tol=tol,
+                callback=callback, progress=bool(gp.verbose), checkpoint=gp.checkpoint,
+                checkpoint_every=gp.checkpoint_every)
     gp.alpha_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
                  else result.x)
     gp.n_iter_, gp.converged_ = result.n_iter, bool(result.converged.all())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from typing import Any
 
 import dask
@@ -14,7 +16,8 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
-from ..solvers import EXACT_MAX_N, NystromPreconditioner
+from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, NystromPreconditioner
+from ..solvers.checkpoint import check_checkpoint
 from ..solvers.lanczos import LanczosResult
 from . import _gp_exact, _gp_fit, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
 from ._gp_optimize import check_optimizer
@@ -119,6 +122,13 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         How kernel blocks of the lazy operators are computed.
     random_state : int, numpy Generator or RandomState, optional
         Seeds the optimizer's restarts, the preconditioner's pivots and the centres.
+    verbose : bool, default=False
+        Show a progress bar of the fit's CG iterations (``"cg"``).
+    checkpoint : str or os.PathLike, optional
+        Where the fit's CG (``"cg"``) saves its state every ``checkpoint_every``
+        iterations; a fit of the same problem resumes there (see
+        :func:`dkern.solvers.cg`). Unused by the other solvers.
+    checkpoint_every : int, default=dkern.solvers.CHECKPOINT_EVERY (50)
 
     Attributes
     ----------
@@ -166,7 +176,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
                  lanczos_rank: int = 100, optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
                  normalize_y: bool = False, tol: float = 1e-8, backend: str = "auto",
-                 random_state: Any = None) -> None:
+                 random_state: Any = None, verbose: bool = False,
+                 checkpoint: str | os.PathLike[str] | None = None,
+                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
         self.kernel = kernel
         self.alpha = alpha
         self.solver = solver
@@ -179,6 +191,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.tol = tol
         self.backend = backend
         self.random_state = random_state
+        self.verbose = verbose
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -186,13 +201,18 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return tags
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X: Any, y: Any) -> GaussianProcessRegressor:
+    def fit(self, X: Any, y: Any, *,
+            callback: Callable[[int, np.ndarray], None] | None = None
+            ) -> GaussianProcessRegressor:
         """Fit the GP: learn the hyperparameters (if ``optimizer``), then solve ``C a = t``.
 
         Parameters
         ----------
         X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
         y : array-like or dask array of shape (n,) or (n, t)
+        callback : callable, optional
+            ``callback(iteration, relative_residuals)`` after each CG iteration of
+            ``"cg"``, e.g. a :class:`dkern.solvers.SolveMonitor`.
 
         Returns
         -------
@@ -205,6 +225,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                                                        self.n_centers, self.lanczos_rank)
         tol = check_tol(self.tol)
         check_optimizer(self.optimizer, self.n_restarts_optimizer)
+        check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
         n = Xv.shape[0]
@@ -228,7 +249,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if solver == "exact":
             _gp_fit.fit_exact(self, np.asarray(Xw), yw, alpha)
         elif solver == "cg":
-            _gp_fit.fit_cg(self, Xw, yw, alpha, tol)
+            _gp_fit.fit_cg(self, Xw, yw, alpha, tol, callback)
         self.solver_, self.variance_ = solver, variance
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)

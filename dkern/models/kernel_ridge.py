@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
@@ -14,7 +16,16 @@ from ..io import is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.nystrom import NystromOperator
-from ..solvers import EXACT_MAX_N, NystromPreconditioner, cg, exact_solve, falkon, select_centers
+from ..solvers import (
+    CHECKPOINT_EVERY,
+    EXACT_MAX_N,
+    NystromPreconditioner,
+    cg,
+    exact_solve,
+    falkon,
+    select_centers,
+)
+from ..solvers.checkpoint import check_checkpoint
 from ._validation import (
     as_generator,
     check_alpha,
@@ -95,6 +106,13 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     verbose : bool, default=False
         Show a progress bar of the CG / Falkon iterations (iteration, relative
         residual, elapsed time).
+    checkpoint : str or os.PathLike, optional
+        A folder or fsspec URL (seen by the client and every worker) where ``"cg"`` and
+        ``"nystrom"`` save their solver state every ``checkpoint_every`` iterations; a
+        fit of the same problem resumes there (see :func:`dkern.solvers.cg`). Unused
+        by ``"exact"``. The finished fit's checkpoint is marked complete and kept;
+        delete it with :func:`dkern.solvers.remove_checkpoint`.
+    checkpoint_every : int, default=dkern.solvers.CHECKPOINT_EVERY (50)
 
     Attributes
     ----------
@@ -136,7 +154,9 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1.0, solver: str = "auto",
                  n_centers: int | None = None, centers: str = "uniform", tol: float = 1e-6,
                  max_iter: int | None = None, backend: str = "auto",
-                 random_state: Any = None, verbose: bool = False) -> None:
+                 random_state: Any = None, verbose: bool = False,
+                 checkpoint: str | os.PathLike[str] | None = None,
+                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
         self.kernel = kernel
         self.alpha = alpha
         self.solver = solver
@@ -147,13 +167,16 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.backend = backend
         self.random_state = random_state
         self.verbose = verbose
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> KernelRidge:
+    def fit(self, X: Any, y: Any, *,
+            callback: Callable[[int, np.ndarray], None] | None = None) -> KernelRidge:
         """Fit the model.
 
         Parameters
@@ -163,6 +186,9 @@ class KernelRidge(RegressorMixin, BaseEstimator):
             ``"exact"``, which needs it in memory anyway).
         y : array-like or dask array of shape (n,) or (n, t)
             Targets; NaN and infinity are rejected.
+        callback : callable, optional
+            ``callback(iteration, relative_residuals)`` after each CG / Falkon iteration,
+            e.g. a :class:`dkern.solvers.SolveMonitor` to watch the fit from a notebook.
 
         Returns
         -------
@@ -174,6 +200,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         tol = check_tol(self.tol)
         check_optional_int(self.max_iter, "max_iter", 1)
         check_optional_int(self.n_centers, "n_centers", 1)
+        check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
         solver = self._resolve_solver(solver, Xv.shape[0])
@@ -185,9 +212,9 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         if solver == "exact":
             self._fit_exact(Xw, yw, alpha)
         elif solver == "cg":
-            self._fit_cg(Xw, yw, alpha, tol)
+            self._fit_cg(Xw, yw, alpha, tol, callback)
         else:
-            self._fit_nystrom(Xw, yw, alpha, tol)
+            self._fit_nystrom(Xw, yw, alpha, tol, callback)
         if solver != "nystrom":
             self.X_fit_ = X if isinstance(X, da.Array) else Xv  # a dask X is kept as given
         self.solver_ = solver
@@ -255,25 +282,28 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.dual_coef_ = np.ascontiguousarray(exact_solve(self.kernel_, Xn, yn, alpha))
         self.n_iter_, self.residuals_, self.converged_ = 1, None, True  # one direct solve
 
-    def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float) -> None:
+    def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float, callback: Any) -> None:
         n = X.shape[0]
         A = gram(self.kernel_, X, backend=self.backend) + alpha  # K + alpha I, lazy
         P = NystromPreconditioner(self.kernel_, X, alpha, min(n, CG_PRECONDITIONER_RANK),
                                   pivots="rpcholesky", random_state=as_generator(self.random_state))
         result = cg(A, y, preconditioner=P, tol=tol, max_iter=self.max_iter,
-                    progress=bool(self.verbose))
+                    progress=bool(self.verbose), callback=callback,
+                    checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
         # The only n-vector that leaves the cluster: the fitted coefficients, once.
         self.dual_coef_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
                            else result.x)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals
         self.converged_ = bool(result.converged.all())
 
-    def _fit_nystrom(self, X: Any, y: Any, alpha: float, tol: float) -> None:
+    def _fit_nystrom(self, X: Any, y: Any, alpha: float, tol: float, callback: Any) -> None:
         rng = as_generator(self.random_state)  # one stream: centres, then the sketch rows
         C = select_centers(X, self.n_centers, method=self.centers, kernel=self.kernel_,
                            alpha=alpha, random_state=rng, backend=self.backend)
         result = falkon(self.kernel_, X, y, C, alpha, tol=tol, max_iter=self.max_iter,
-                        backend=self.backend, progress=bool(self.verbose), random_state=rng)
+                        backend=self.backend, progress=bool(self.verbose), random_state=rng,
+                        callback=callback, checkpoint=self.checkpoint,
+                        checkpoint_every=self.checkpoint_every)
         beta = result.beta[:, 0] if y.ndim == 1 else result.beta
         self.dual_coef_, self.centers_ = np.ascontiguousarray(beta), np.ascontiguousarray(C)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals

@@ -253,6 +253,7 @@ def _json_params(model: Model) -> dict[str, Any]:
         params["optimizer"] = "lbfgs"
     # numpy scalars (from np.arange/np.logspace grids) are stored as the Python numbers they are
     params = {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
+    params = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in params.items()}
     seed = params["random_state"]
     if seed is not None and not isinstance(seed, int):
         warnings.warn(f"random_state={seed!r} cannot be stored in a model file; the loaded "

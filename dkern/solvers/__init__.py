@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from .centers import select_centers
 from .cg import CGResult, cg
+from .checkpoint import CHECKPOINT_EVERY, remove_checkpoint
 from .exact import EXACT_MAX_N, exact_solve
 from .falkon import NystromResult, falkon
 from .lanczos import LanczosResult, lanczos_decomposition, lanczos_predict
+from .monitor import SolveMonitor
 from .preconditioners import FalkonPreconditioner, JacobiPreconditioner, NystromPreconditioner
 from .sgpr import (
     SGPRStatistics,
@@ -21,8 +23,10 @@ from .sgpr import (
 )
 
 __all__ = [
-    "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner", "LanczosResult",
-    "NystromPreconditioner", "NystromResult", "SGPRStatistics",
-    "cg", "exact_solve", "falkon", "lanczos_decomposition", "lanczos_predict", "select_centers",
+    "CHECKPOINT_EVERY", "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner",
+    "LanczosResult",
+    "NystromPreconditioner", "NystromResult", "SGPRStatistics", "SolveMonitor",
+    "cg", "exact_solve", "falkon", "lanczos_decomposition", "lanczos_predict",
+    "remove_checkpoint", "select_centers",
     "sgpr_bound", "sgpr_bound_gradient", "sgpr_predict", "sgpr_statistics",
 ]

@@ -49,6 +49,7 @@ import dask
 import numpy as np
 
 from ..errors import DkernError, NotPositiveDefiniteError
+from .checkpoint import Checkpoint, decode
 
 logger = logging.getLogger("dkern.solvers.cg")
 
@@ -63,6 +64,8 @@ STALL_GAP, STALL_GAIN = 10.0, 0.5
 STALL_WINDOW = 50
 
 Vectors = Any  # dask.array.Array or numpy.ndarray of shape (n, t)
+#: The vectors a checkpoint holds: iterate, residual, direction and ``S = A P``.
+_VECTORS = ("X", "R", "P", "S")
 
 
 class LoopResult(NamedTuple):
@@ -146,12 +149,14 @@ class _LoopState:
     """
 
     def __init__(self, matvec: Callable[[Vectors], Vectors], B: Vectors, X: Vectors,
-                 x0_given: bool) -> None:
-        self.matvec, self.B = matvec, B
+                 x0_given: bool, checkpoint: Checkpoint | None = None) -> None:
+        self.matvec, self.B, self.checkpoint = matvec, B, checkpoint
         (bnorm,) = dask.compute(np.sqrt(_dot(B, B)))
         self.bnorm = np.where(bnorm > 0, bnorm, 1.0)  # a zero column is solved by x = 0 at once
-        R = B - matvec(X) if x0_given else B
-        self.X, self.R = dask.persist(X, R)
+        saved = checkpoint.load() if checkpoint is not None else None
+        if saved is None:
+            R = B - matvec(X) if x0_given else B
+            self.X, self.R = dask.persist(X, R)
         self.P: Vectors = None
         self.S: Vectors = None
         self.gamma_old = np.ones_like(self.bnorm)
@@ -163,6 +168,36 @@ class _LoopState:
         self.history: list[np.ndarray] = []
         self.k, self.since_refresh = 0, 0
         self.is_true, self.verify, self.replacing = True, False, False
+        if saved is not None:
+            self._restore(saved)
+
+    def _state(self) -> dict[str, Any]:
+        """Everything but the vectors that the next iteration reads (see checkpoint)."""
+        return {"iteration": self.k, "since_refresh": self.since_refresh,
+                "flags": [self.is_true, self.verify, self.replacing],
+                "gamma_old": self.gamma_old, "was_active": self.was_active,
+                "stalled": self.stalled, "last_failed": self.last_failed, "rel": self.rel,
+                "replaced": self.replaced}
+
+    def _restore(self, meta: dict[str, Any]) -> None:
+        assert self.checkpoint is not None
+        for name, value in self.checkpoint.vectors(meta["arrays"], self.B).items():
+            setattr(self, name, value)
+        state = decode(meta, list(self._state()))
+        self.k, self.since_refresh = state["iteration"], state["since_refresh"]
+        self.is_true, self.verify, self.replacing = state["flags"]
+        self.gamma_old, self.was_active = state["gamma_old"], state["was_active"]
+        self.stalled, self.last_failed = state["stalled"], state["last_failed"]
+        self.rel, self.replaced = state["rel"], [(int(i), r) for i, r in state["replaced"]]
+        self.history = list(self.checkpoint.history())
+
+    def save(self) -> None:
+        """Checkpoint the state, and go on from the vectors read back (cuts the lineage)."""
+        assert self.checkpoint is not None
+        self.checkpoint.save({name: getattr(self, name) for name in _VECTORS},
+                             np.vstack(self.history), self._state())
+        for name, value in self.checkpoint.vectors(list(_VECTORS), self.B).items():
+            setattr(self, name, value)
 
     def replace_residual(self) -> None:
         """Residual replacement: R = B − A X, before this step's matvecs."""
@@ -227,6 +262,8 @@ class _LoopState:
         self.k, self.since_refresh, self.is_true = self.k + 1, self.since_refresh + 1, False
 
     def result(self, tol: float) -> LoopResult:
+        if self.checkpoint is not None:
+            self.checkpoint.complete(np.vstack(self.history), self._state())
         last = self.history[-1]
         return LoopResult(self.X, self.k, np.vstack(self.history), last <= tol,
                           self.stalled & (last > tol))
@@ -236,32 +273,39 @@ def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vecto
                   B: Vectors, X: Vectors, *, x0_given: bool, tol: float, max_iter: int,
                   refresh_every: int,
                   callback: Callable[[int, np.ndarray], None] | None = None,
-                  progress: Any = None, precond_name: str = "") -> LoopResult:
+                  progress: Any = None, precond_name: str = "",
+                  checkpoint: Checkpoint | None = None) -> LoopResult:
     """Run block PCG from X on ``A X = B``; see the module docstring for the algorithm.
 
     B is persisted first: the residual refreshes re-read it, and a B read from a
     store would otherwise be read (and verified) again at each. ``precond_name``
-    names the preconditioner in the error raised when ``rᵀMr <= 0``.
+    names the preconditioner in the error raised when ``rᵀMr <= 0``. With a
+    ``checkpoint``, the loop resumes from its saved state (X is then unused) and
+    saves its state every ``checkpoint.every`` iterations.
     """
     (B,) = dask.persist(B)
-    st = _LoopState(matvec, B, X, x0_given)
+    st = _LoopState(matvec, B, X, x0_given, checkpoint)
     while True:
-        if st.since_refresh >= refresh_every:
-            st.replace_residual()
-        if st.verify and st.check_true(tol, max_iter):
-            break
-        U = precond(st.R)
-        U, W = dask.persist(U, matvec(U))
-        s = st.scalars(U, W)
-        active = st.judge(s.rho, tol)
-        _check_preconditioner(s.gamma, active, st.k, precond_name or "in use")
-        _report(st.k, st.rel, active, callback, progress)
-        if not active.any() or st.k >= max_iter:
-            if st.is_true:
+        # the iteration number reaches the scheduler's task annotations (the dashboard)
+        with dask.annotate(dkern_iteration=st.k):
+            if st.since_refresh >= refresh_every:
+                st.replace_residual()
+            if st.verify and st.check_true(tol, max_iter):
                 break
-            st.confirm()
-            continue
-        st.step(s, U, W, active)
+            U = precond(st.R)
+            U, W = dask.persist(U, matvec(U))
+            s = st.scalars(U, W)
+            active = st.judge(s.rho, tol)
+            _check_preconditioner(s.gamma, active, st.k, precond_name or "in use")
+            _report(st.k, st.rel, active, callback, progress)
+            if not active.any() or st.k >= max_iter:
+                if st.is_true:
+                    break
+                st.confirm()
+                continue
+            st.step(s, U, W, active)
+            if checkpoint is not None and checkpoint.due(st.k):
+                st.save()
     return st.result(tol)
 
 

@@ -8,6 +8,7 @@ in one ``dask.compute``. The loop itself is in :mod:`dkern.solvers._iteration`.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ from typing import Any, Protocol
 
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
 
 from ..errors import ConvergenceWarning
 from ._checks import integer, positive_number, square_operator
 from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
+from .checkpoint import CHECKPOINT_EVERY, Checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,9 @@ class CGResult:
 def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditioner | None = None,
        tol: float = 1e-6, max_iter: int | None = None,
        callback: Callable[[int, np.ndarray], None] | None = None,
-       refresh_every: int | None = None, progress: bool = False) -> CGResult:
+       refresh_every: int | None = None, progress: bool = False,
+       checkpoint: str | os.PathLike[str] | None = None,
+       checkpoint_every: int = CHECKPOINT_EVERY) -> CGResult:
     """Solve ``A X = B`` for a symmetric positive definite operator by block CG.
 
     .. math:: A X = B, \\quad \\text{column } j \\text{ stops when }
@@ -99,6 +104,18 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
         Steps between true-residual refreshes; default 50 (float64) or 10 (float32).
     progress : bool, default=False
         Show a tqdm bar with the iteration and the largest relative residual.
+    checkpoint : str or os.PathLike, optional
+        A folder or fsspec URL (seen by the client and every worker) where the solve
+        saves its state every ``checkpoint_every`` iterations
+        (:mod:`dkern.solvers.checkpoint`). Calling ``cg`` again on the same problem
+        resumes from the last checkpoint (logged at INFO: "resumed from iteration N")
+        and ends with the result of an uninterrupted solve, bitwise on the same
+        chunking. A checkpoint of another problem is refused. When the solve ends it
+        is marked complete and kept: the returned ``x`` is recomputed from it if a
+        worker is lost; delete it with :func:`remove_checkpoint`.
+    checkpoint_every : int, default=CHECKPOINT_EVERY (50)
+        Iterations between checkpoints; each writes four (n, t) arrays. Checkpoints also
+        keep the scheduler's task count flat over long solves.
 
     Returns
     -------
@@ -123,11 +140,15 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     X0 = da.zeros_like(Bd) if x0 is None else _as_vectors(A, x0, "x0", like=Bd)[0]
     apply = preconditioner.apply if preconditioner is not None else (lambda R: R)
     name = type(preconditioner).__name__ if preconditioner is not None else "(none)"
+    saved = None if checkpoint is None else Checkpoint(
+        checkpoint, checkpoint_every, _fingerprint(A, apply, Bd, X0, x0 is not None, tol,
+                                                   refresh), "cg")
     bar = progress_bar(max_iter, "dkern cg") if progress else None
     try:
         out = block_cg_loop(A.matvec, apply, Bd, X0, x0_given=x0 is not None,
                             tol=float(tol), max_iter=max_iter, refresh_every=refresh,
-                            callback=callback, progress=bar, precond_name=name)
+                            callback=callback, progress=bar, precond_name=name,
+                            checkpoint=saved)
     finally:
         if bar is not None:
             bar.close()
@@ -136,6 +157,15 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
                 out.residuals[-1].max())
     x = out.x[:, 0] if one_column else out.x
     return CGResult(x, out.n_iter, out.residuals, out.converged)
+
+
+def _fingerprint(A: Any, apply: Callable[[da.Array], da.Array], B: da.Array, X0: da.Array,
+                 x0_given: bool, tol: float, refresh: int) -> dict[str, str]:
+    """What identifies the solve: dask names of B, of A B and of the preconditioner applied
+    to B (the graphs are built, not computed), of x0, and the settings."""
+    return {"data": B.name, "operator": A.matvec(B).name, "preconditioner": apply(B).name,
+            "x0": X0.name if x0_given else "zero",
+            "settings": tokenize(float(tol), refresh, B.chunks, str(B.dtype))}
 
 
 def _as_vectors(A: Any, B: Any, name: str, like: da.Array | None = None) -> tuple[da.Array, bool]:

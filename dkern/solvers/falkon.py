@@ -24,6 +24,7 @@ makes indefinite.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 import dask
 import numpy as np
 import scipy.linalg as sla
+from dask.base import tokenize
 
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError
 from ..kernels import Kernel
@@ -39,6 +41,7 @@ from ..operators import persist_budget
 from ..operators.nystrom import NystromOperator
 from ._checks import integer, positive_number
 from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
+from .checkpoint import CHECKPOINT_EVERY, Checkpoint
 from .preconditioners import FalkonPreconditioner, factor_solve_t
 from .sampling import gather_rows
 
@@ -97,7 +100,9 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
            max_iter: int | None = None, backend: str = "auto",
            callback: Callable[[int, np.ndarray], None] | None = None,
            progress: bool = False, cache_bytes: int = KNM_CACHE_BYTES,
-           sketch_rows: int | None = None, random_state: Any = None) -> NystromResult:
+           sketch_rows: int | None = None, random_state: Any = None,
+           checkpoint: str | os.PathLike[str] | None = None,
+           checkpoint_every: int = CHECKPOINT_EVERY) -> NystromResult:
     """Nyström kernel ridge regression with Falkon's preconditioner.
 
     .. math:: (K_{nm}^\\top K_{nm} + \\alpha K_{mm})\\, \\beta = K_{nm}^\\top y
@@ -138,6 +143,14 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         (Falkon's original preconditioner).
     random_state : int or numpy.random.Generator, optional
         Draws the preconditioner's sample.
+    checkpoint : str or os.PathLike, optional
+        Where CG's M-dimensional state is saved every ``checkpoint_every`` iterations;
+        calling ``falkon`` again on the same problem resumes there, as for
+        :func:`dkern.solvers.cg` (see it). The preconditioner is rebuilt from the
+        centres, alpha, the kernel and the sample, deterministically; the checkpoint's
+        fingerprint covers them, its factors and the data, so a checkpoint of another
+        problem is refused.
+    checkpoint_every : int, default=CHECKPOINT_EVERY (50)
 
     Returns
     -------
@@ -166,7 +179,9 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     T, A, basis = falkon_factors(kernel, op.C, alpha, n, sample)
     pre = FalkonPreconditioner(T, A, n, basis)
     (Kty,) = dask.compute(op.rmatvec(y))  # shape: (M, t)
-    out = _solve(op, pre, alpha, Kty, tol, max_iter, callback, progress)
+    saved = None if checkpoint is None else Checkpoint(
+        checkpoint, checkpoint_every, _fingerprint(op, pre, alpha, Kty, tol), "falkon")
+    out = _solve(op, pre, alpha, Kty, tol, max_iter, callback, progress, saved)
     beta = pre.apply(out.x)
     normal = _normal_residuals(op, pre, alpha, Kty, beta)
     if not out.converged.all():
@@ -182,7 +197,7 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
 
 def _solve(op: NystromOperator, pre: FalkonPreconditioner, alpha: float, Kty: np.ndarray,
            tol: float, max_iter: int, callback: Callable[[int, np.ndarray], None] | None,
-           progress: bool) -> LoopResult:
+           progress: bool, checkpoint: Checkpoint | None) -> LoopResult:
     """CG on ``Bᵀ (K_nmᵀ K_nm + alpha K_mm) B u = Bᵀ K_nmᵀ y``; β = B u."""
 
     def system(v: np.ndarray) -> np.ndarray:  # one pass over X
@@ -195,10 +210,18 @@ def _solve(op: NystromOperator, pre: FalkonPreconditioner, alpha: float, Kty: np
     try:
         return block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
                              tol=tol, max_iter=max_iter, refresh_every=50,
-                             callback=callback, progress=bar)
+                             callback=callback, progress=bar, checkpoint=checkpoint)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _fingerprint(op: NystromOperator, pre: FalkonPreconditioner, alpha: float,
+                 Kty: np.ndarray, tol: float) -> dict[str, str]:
+    """What identifies the solve: X's dask name (y through ``K_nmᵀ y``), the kernel,
+    centres and alpha, the preconditioner's factors, and tol."""
+    return {"data": tokenize(op.X.name, Kty), "operator": tokenize(op.kernel, op.C, alpha),
+            "preconditioner": tokenize(pre.T, pre.A, pre.basis), "settings": tokenize(tol)}
 
 
 def _normal_residuals(op: NystromOperator, pre: FalkonPreconditioner, alpha: float,
