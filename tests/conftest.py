@@ -1,7 +1,42 @@
-"""Shared fixtures: a LocalCluster with two worker processes for the distributed tests."""
+"""Shared fixtures: a LocalCluster with two worker processes for the distributed tests, and
+the figures the reliability tests measure (written to benchmarks/reliability/, shown at the end
+of the test log)."""
+
+import json
+from pathlib import Path
 
 import dask
 import pytest
+
+#: Where the reliability tests' figures go: one JSON file per figure set, not tracked by git
+#: (benchmarks/RESULTS.md holds the recorded ones).
+FIGURES = Path(__file__).resolve().parents[1] / "benchmarks" / "reliability"
+_measured: dict[str, dict] = {}
+
+
+@pytest.fixture
+def record_figures():
+    """``record_figures(name, **figures)``: merge figures into benchmarks/reliability/name.json
+    and into the test log's summary."""
+    def record(name: str, **figures) -> None:
+        path = FIGURES / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.update(figures)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        _measured.setdefault(name, {}).update(figures)
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures measured in this run, one line each, so the CI log shows them."""
+    if not _measured:
+        return
+    terminalreporter.section("dkern reliability figures (benchmarks/reliability/*.json)")
+    for name, figures in sorted(_measured.items()):
+        brief = {k: v for k, v in figures.items() if not isinstance(v, (list, dict))
+                 or len(json.dumps(v)) < 200}
+        terminalreporter.write_line(f"{name}: {json.dumps(brief, sort_keys=True)}")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import os
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import dask
 import dask.array as da
@@ -21,8 +20,6 @@ from dkern.kernels import Gaussian
 from dkern.operators import gram
 from dkern.solvers import SolveMonitor, cg, falkon, remove_checkpoint
 from dkern.solvers.checkpoint import decode, encode
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "reliability" / "checkpoint.json"
 
 
 class Stop(Exception):
@@ -48,13 +45,6 @@ def problem(sync_scheduler):
     X, y = _problem()
     # Gaussian(0.5) with alpha = 1e-2 takes 51 unpreconditioned CG steps to 1e-8
     return gram(Gaussian(0.5), da.from_array(X, chunks=200)) + 1e-2, X, y
-
-
-def _bench(key, value):
-    BENCH.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(BENCH.read_text()) if BENCH.exists() else {}
-    data[key] = value
-    BENCH.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def test_cg_resumes_where_it_stopped_and_ends_bitwise_equal(problem, tmp_path):
@@ -194,7 +184,7 @@ def _task_count(dask_scheduler):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_checkpoints_keep_the_scheduler_task_count_flat(cluster_client, tmp_path):
+def test_checkpoints_keep_the_scheduler_task_count_flat(cluster_client, tmp_path, record_figures):
     n = 2000
     A = Diagonal(da.from_array(np.logspace(0, 6, n), chunks=n // 4))
     y = np.random.default_rng(0).normal(size=n)
@@ -218,14 +208,15 @@ def test_checkpoints_keep_the_scheduler_task_count_flat(cluster_client, tmp_path
     assert grown[40] > grown[20] + 10 * 20  # tens of tasks per iteration are kept
     # with a checkpoint every 50 iterations (the default), at most 50 iterations' worth
     assert counts[500] <= 1.2 * counts[100] and counts[300] <= 1.2 * counts[100], counts
-    _bench("lineage", {"n": n, "chunks": 4, "checkpoint_every": 50,
+    record_figures("checkpoint", lineage={"n": n, "chunks": 4, "checkpoint_every": 50,
                        "tasks_without_checkpoint": grown, "tasks_with_checkpoint": counts,
                        "seconds_per_iteration_without": round(per_iteration, 3),
                        "seconds_per_iteration_with": round(seconds / 500, 3)})
 
 
 @pytest.mark.distributed
-def test_checkpoint_vectors_read_back_bitwise_and_the_write_time(cluster_client, tmp_path):
+def test_checkpoint_vectors_read_back_bitwise_and_the_write_time(cluster_client, tmp_path,
+                                                                record_figures):
     from dkern.solvers.checkpoint import Checkpoint
 
     rng = np.random.default_rng(1)
@@ -241,7 +232,7 @@ def test_checkpoint_vectors_read_back_bitwise_and_the_write_time(cluster_client,
         assert back[name].chunks == v.chunks
         np.testing.assert_array_equal(back[name].compute(), v.compute())
     assert ck.load()["iteration"] == 150 and ck.history().shape == (150, 2)
-    _bench("write", {"n": 2000, "t": 2, "vectors": 4,
+    record_figures("checkpoint", write={"n": 2000, "t": 2, "vectors": 4,
                      "seconds_per_checkpoint_median": round(float(np.median(seconds)), 3)})
 
 
@@ -349,7 +340,7 @@ def _wait_for_checkpoint(ck, past, proc, timeout=300):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_solve_survives_sigkill_of_client_then_of_scheduler(tmp_path):
+def test_solve_survives_sigkill_of_client_then_of_scheduler(tmp_path, record_figures):
     import signal
 
     from dkern.io import open_array, write_arrays
@@ -380,7 +371,7 @@ def test_solve_survives_sigkill_of_client_then_of_scheduler(tmp_path):
     assert first >= 10 and report["first"] >= second > first  # resumed, not restarted
     assert report["n_iter"] == ref.n_iter
     np.testing.assert_array_equal(open_array(store, "x").compute(), expected)
-    _bench("sigkill", {"client_killed_after_checkpoint_of_iteration": first,
+    record_figures("checkpoint", sigkill={"client_killed_after_checkpoint_of_iteration": first,
                        "scheduler_killed_after_checkpoint_of_iteration": second,
                        "last_run_resumed_from": report["first"], "n_iter": report["n_iter"],
                        "bitwise_equal": True})

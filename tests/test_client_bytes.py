@@ -6,7 +6,6 @@ reaches the client (a LocalCluster would run its scheduler in this process too).
 """
 
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -101,7 +100,8 @@ def _fit(client, received, monkeypatch, solver_name, url, **params):
     return model, received[0] - before, np.diff(at_iteration)
 
 
-def test_client_receives_no_n_sized_array(tmp_path, remote_client, received, monkeypatch):
+def test_client_receives_no_n_sized_array(tmp_path, remote_client, received, monkeypatch,
+                                          record_figures):
     figures = {}
     for n in (N1, N2):
         url = _store(tmp_path / f"{n}.zarr", n)
@@ -119,11 +119,8 @@ def test_client_receives_no_n_sized_array(tmp_path, remote_client, received, mon
                       "cg_per_iteration_max": int(cg_steps[1:].max()),
                       "predict_to_zarr": predict_total, "nystrom_fit": ny_total,
                       "nystrom_M2_times_8": 8 * M * M}
-    out = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reliability")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "client_bytes.json"), "w") as f:
-        json.dump({"cg_iterations": CG_ITER, "n_features": D, "M": M,
-                   "bytes_received_by_client": figures}, f, indent=1)
+    record_figures("client_bytes", cg_iterations=CG_ITER, n_features=D, M=M,
+                   bytes_received_by_client={str(n): f for n, f in figures.items()})
     small, big = figures[N1], figures[N2]
     growth = 8 * (N2 - N1)  # what one n-vector more would add
     for fig in (small, big):  # per CG step: scalars and task reports, not a vector

@@ -32,7 +32,6 @@ from dkern.io._lock import lease
 from dkern.kernels import Gaussian
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "reliability" / "integrity.json"
 
 N, D, CHUNK = 40_000, 8, 2_000  # X: 2.56 MB, y: 0.32 MB, 20 chunks each
 
@@ -125,7 +124,7 @@ def seen_version(url, candidates):
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_leaves_the_old_or_the_new_version(tmp_path):
+def test_sigkill_at_random_moments_leaves_the_old_or_the_new_version(tmp_path, record_figures):
     url = str(tmp_path / "s")
     write_arrays(url, version_arrays(0), attrs={"version": 0}, chunk_rows=CHUNK)
     zygote = Zygote(url)
@@ -175,8 +174,7 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_version(tmp_path):
             "deciles": [sum(int(f * 10) == k for f in fractions) for k in range(10)]},
         "trials_detail": trials,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    record_figures("integrity", **report)
 
 
 def read_pointer_arrays(url, group=""):

@@ -164,12 +164,11 @@ def _worker_memory(client, samples, stop):
 @pytest.mark.skipif(not os.environ.get("DKERN_BIG_TESTS"), reason=(
     "reads 4.1 GB about 7 times (13 min on a heavily loaded 2-core host: over the CI budget); "
     "set DKERN_BIG_TESTS=1 to run it"))
-def test_fit_on_a_zarr_input_four_times_the_cluster_memory(tmp_path):
+def test_fit_on_a_zarr_input_four_times_the_cluster_memory(tmp_path, record_figures):
     """A Nyström fit (8 centres, at most 4 iterations: about 7 passes) reads 4.1 GB of Zarr
     input per pass on a cluster with 1 GB of memory in all: it completes, no worker is
     killed by its nanny, and its predictions beat the mean and are as good as those of the
     same model (its centres) solved densely on a sample of the same law."""
-    import json
     import shutil
     import threading
     import time
@@ -213,10 +212,7 @@ def test_fit_on_a_zarr_input_four_times_the_cluster_memory(tmp_path):
                "fit_s": round(fitted - written, 1), "total_s": round(fitted - start, 1),
                "test_mse": mse, "test_mse_same_centres_dense_20000_rows": mse_ref,
                "test_mse_predicting_mean": mse_mean}
-    out = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reliability")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "memory_4x.json"), "w") as f:
-        json.dump(figures, f, indent=1)
+    record_figures("memory_4x", **figures)
     assert np.all(np.isfinite(pred))
     assert mse < 0.2 * mse_mean, figures
     assert mse < 1.1 * mse_ref, figures
