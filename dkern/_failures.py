@@ -82,9 +82,9 @@ def _translated(err: Any) -> WorkerFailureError:
     what = f"block {number} of {prefix} ({where})" if rows else f"task {key!r}"
     last = getattr(err.last_worker, "address", err.last_worker)
     deaths = err.allowed_failures + 1
+    times = "once" if deaths == 1 else f"{deaths} times"
     message = (
-        f"{what} killed its worker {'once' if deaths == 1 else f'{deaths} times'} (the "
-        "scheduler allows "
+        f"{what} killed its worker {times} (the scheduler allows "
         f"distributed.scheduler.allowed-failures={err.allowed_failures}); the last was "
         f"{last}. A task that kills every worker usually runs out of memory (give the "
         "workers more memory, their memory_limit, or use smaller row chunks) or crashes in "
