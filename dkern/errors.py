@@ -29,6 +29,22 @@ class NotPositiveDefiniteError(DkernError):
     """An operator that must be symmetric positive definite is not (numerically)."""
 
 
+class WorkerFailureError(DkernError):
+    """A task killed every Dask worker that ran it (``distributed.KilledWorker``).
+
+    The message names the task's block and its row ranges; the ``KilledWorker`` is
+    chained as ``__cause__``. Attributes: ``key`` (the task's key), ``layer`` (the
+    key's prefix, e.g. ``"dkern-gram-matvec-<token>"``) and ``rows`` (a mapping of
+    side label to the ``(start, stop)`` row range of the block, empty when the key is
+    not one of dkern's block tasks).
+    """
+
+    def __init__(self, message: str, key: object = None, layer: str = "",
+                 rows: dict[str, tuple[int, int]] | None = None) -> None:
+        super().__init__(message)
+        self.key, self.layer, self.rows = key, layer, dict(rows or {})
+
+
 class ConvergenceWarning(_SklearnConvergenceWarning):
     """An iterative solver stopped before reaching its tolerance.
 

@@ -127,14 +127,15 @@ def test_keops_backend_through_dask(dtype, sync_scheduler):
 
 
 def _gram_tasks_by_worker(task_stream):
-    """{worker address: number of dkern-gram block tasks it ran} from a task-stream record
-    (a block task is named ``dkern-gram-…``, fused or not with its partial sum; the tree
-    sum's tasks are ``dkern-gram-sum-…``)."""
+    """{worker address: number of dkern-gram-matvec block tasks it ran} from a task-stream
+    record (a block task is named ``dkern-gram-matvec-…``, fused or not with its partial sum;
+    the tree sum's tasks are ``dkern-gram-matvec-sum-…``)."""
     ran = {}
     for record in task_stream:
         key = record["key"]
         name = key[0] if isinstance(key, tuple) else str(key)
-        if name.startswith("dkern-gram-") and not name.startswith("dkern-gram-sum-"):
+        if (name.startswith("dkern-gram-matvec-")
+                and not name.startswith("dkern-gram-matvec-sum-")):
             ran[record["worker"]] = ran.get(record["worker"], 0) + 1
     return ran
 
@@ -193,8 +194,8 @@ def test_square_operator_shift_transpose_and_diag(sync_scheduler):
 def test_task_keys_read_well_in_dashboard(sync_scheduler):
     op = dkern.gram(KERNEL, da.from_array(X, chunks=(128, -1)), Z, backend="numpy")
     names = {k[0] if isinstance(k, tuple) else k for k in dict((op @ Z[:, 0]).dask)}
-    assert any(n.startswith("dkern-gram-") for n in names)
-    assert (op @ Z[:, :2]).name.startswith("dkern-gram-sum-")
+    assert any(n.startswith("dkern-gram-matvec-") for n in names)
+    assert (op @ Z[:, :2]).name.startswith("dkern-gram-matvec-sum-")
 
 
 def test_no_task_builds_the_dense_matrix(sync_scheduler):

@@ -112,7 +112,7 @@ def _regression_arrays(
         chunks=chunks,
         dtype=dtype,
         meta=np.empty((0, 0), dtype=dtype),
-        name=f"dkern-regression-{token}",
+        name=f"dkern-synthetic-regression-{token}",
     )
     return Z[:, :d], Z[:, d]
 

@@ -37,6 +37,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
+from dkern._failures import worker_failures
 from dkern._version import __version__
 from dkern.errors import StoreError
 from dkern.io import _store
@@ -218,7 +219,9 @@ def _as_source(name: str, x: Any, chunk_rows: int | None) -> da.Array:
     rows = max(1, min(chunk_rows or _natural_rows(x), x.shape[0]))
     whole = {ax: -1 for ax in range(1, x.ndim)}
     if isinstance(x, np.ndarray):
-        return da.from_array(x, chunks=(rows, *x.shape[1:]), name=False)
+        # a random name: hashing the data for a token would cost a pass over it
+        return da.from_array(x, chunks=(rows, *x.shape[1:]),
+                             name=f"dkern-write-{name}-{uuid.uuid4().hex}")
     return x.rechunk({0: rows, **whole})
 
 
@@ -321,7 +324,8 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
         )
         for name, x in sources.items()
     }
-    da.store(list(sources.values()), list[Any](targets.values()), lock=False)
+    with worker_failures():
+        da.store(list(sources.values()), list[Any](targets.values()), lock=False)
     uid = uuid.uuid4().hex
     return {
         name: {

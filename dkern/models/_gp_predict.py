@@ -40,7 +40,7 @@ def predict(gp: GaussianProcessRegressor, X: Any, return_std: bool, return_cov: 
             mean, var = dask.compute(mean, var)
     else:
         mean = _unnormalized(gp, gram(gp.kernel_, X, gp.X_train_, backend=gp.backend,
-                                      dtype=np.float64) @ gp.alpha_)
+                                      dtype=np.float64, name="dkern-predict") @ gp.alpha_)
         var = _latent_variance(gp, X) if return_std else None
     if return_cov:
         cov = _latent_covariance(gp, in_memory(X))

@@ -14,6 +14,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from .._failures import worker_failures
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, NystromPreconditioner
@@ -201,6 +202,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return tags
 
     # ------------------------------------------------------------------ fit
+    @worker_failures()
     def fit(self, X: Any, y: Any, *,
             callback: Callable[[int, np.ndarray], None] | None = None
             ) -> GaussianProcessRegressor:
@@ -296,6 +298,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return result
 
     # ------------------------------------------------------------- predict
+    @worker_failures()
     def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
                 out: tuple[str, str] | None = None, *, overwrite: bool = False) -> Any:
         """Posterior mean, and the latent standard deviation or covariance, at X.

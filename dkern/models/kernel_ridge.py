@@ -12,6 +12,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from .._failures import worker_failures
 from ..io import is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
@@ -175,6 +176,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
+    @worker_failures()
     def fit(self, X: Any, y: Any, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelRidge:
         """Fit the model.
@@ -222,6 +224,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
                     self.converged_)
         return self
 
+    @worker_failures()
     def predict(self, X: Any, out: tuple[str, str] | None = None, *,
                 overwrite: bool = False) -> Any:
         """Predict ``K(X, X_fit_) @ dual_coef_`` (or ``K(X, centers_) @ dual_coef_``).
@@ -248,10 +251,10 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         if self.solver_ == "nystrom":
             beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory
             pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend,
-                                   dtype=np.float64).matvec(beta)
+                                   dtype=np.float64, name="dkern-predict").matvec(beta)
         else:
             pred = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend,
-                        dtype=np.float64) @ self.dual_coef_
+                        dtype=np.float64, name="dkern-predict") @ self.dual_coef_
         if out is not None:
             return _write_predictions(pred, out, overwrite)
         return pred.compute() if isinstance(Xv, np.ndarray) else pred

@@ -30,9 +30,11 @@ class GramOperator(Operator):
     (plus two temporaries of that size); never an n × m matrix.
     """
 
-    def __init__(self, kernel: Kernel, X: da.Array, Z: da.Array | None, backend: str) -> None:
+    def __init__(self, kernel: Kernel, X: da.Array, Z: da.Array | None, backend: str, *,
+                 name: str = "dkern-gram-matvec", labels: tuple[str, str] = ("X", "Z")) -> None:
         check_n_features(kernel, X.shape[1])
         self.kernel, self.X, self.backend = kernel, X, backend
+        self.task_name, self.labels = name, labels
         self.blocks = block_backend(backend)
         self.Z = X if Z is None else Z
         self.shape = (X.shape[0], self.Z.shape[0])
@@ -45,8 +47,8 @@ class GramOperator(Operator):
 
     def _matvec(self, V: da.Array) -> da.Array:
         total = pairwise_reduce(self.blocks.kernel_matvec, self.X, self.Z, [(V, "cols")],
-                                over="cols", width=V.shape[1], name="dkern-gram",
-                                kernel=self.kernel)
+                                over="cols", width=V.shape[1], name=self.task_name,
+                                labels=self.labels, kernel=self.kernel)
         return total.astype(self.dtype, copy=False)
 
     def diag(self) -> da.Array:
@@ -56,7 +58,7 @@ class GramOperator(Operator):
                              f"shape {self.shape} with Z given.")
         return da.map_blocks(self.blocks.kernel_diag, self.X, drop_axis=1, dtype=self.dtype,
                              meta=np.empty((0,), self.dtype), kernel=self.kernel,
-                             name=f"dkern-diag-{tokenize(self.kernel, self.X.name)}")
+                             name=f"dkern-gram-diag-{tokenize(self.kernel, self.X.name)}")
 
     def kernel_blocks(self) -> da.Array:
         """The kernel values as a lazy (n, m) dask array, chunked like X's rows by Z's.
@@ -65,18 +67,21 @@ class GramOperator(Operator):
         cluster; never compute it whole on the client.
         """
         return pairwise_map(self.blocks.kernel_block, self.X, self.Z, dtype=self.dtype,
-                            name="dkern-kernel-blocks", kernel=self.kernel)
+                            name="dkern-kernel-blocks", labels=self.labels,
+                            kernel=self.kernel)
 
     @property
     def T(self) -> GramOperator:
         """The transpose ``K(Z, X)`` (kernels are symmetric functions)."""
         if self.is_square:
             return self
-        return GramOperator(self.kernel, self.Z, self.X, self.backend)
+        return GramOperator(self.kernel, self.Z, self.X, self.backend, name=self.task_name,
+                            labels=self.labels[::-1])
 
 
 def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
-         dtype: Any = None, check_finite: bool = True) -> GramOperator:
+         dtype: Any = None, check_finite: bool = True,
+         name: str = "dkern-gram-matvec") -> GramOperator:
     """The lazy Gram operator ``K(X, Z)``, never materialised.
 
     Parameters
@@ -94,6 +99,9 @@ def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
         Compute dtype; by default float32 data stays float32, anything else is float64.
     check_finite : bool, default=True
         Reject NaN/Inf in X and Z (lazily, as chunks are read, for dask/Zarr input).
+    name : str, default="dkern-gram-matvec"
+        Prefix of the keys of ``op @ V``'s block tasks as the dashboard shows them, e.g.
+        ``"dkern-predict"`` (dkern's own names are listed in cluster/task-names.md).
 
     Returns
     -------
@@ -112,4 +120,4 @@ def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
         if Zd.shape[1] != Xd.shape[1]:
             raise ValueError(f"X and Z must have the same number of features; got X of shape "
                              f"{Xd.shape} and Z of shape {Zd.shape}.")
-    return GramOperator(kernel, Xd, Zd, concrete)
+    return GramOperator(kernel, Xd, Zd, concrete, name=name)

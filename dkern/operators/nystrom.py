@@ -66,10 +66,14 @@ class NystromOperator(GramOperator):
     backend : {"auto", "numpy", "keops"}, default="auto"
     dtype : {None, numpy.float32, numpy.float64}
         Compute dtype; by default float32 data stays float32, anything else is float64.
+    name : str, default="dkern-nystrom-knmv"
+        Prefix of the keys of ``op @ v``'s block tasks on the dashboard (e.g.
+        ``"dkern-predict"``); the other products have their own names
+        (``dkern-nystrom-knmtknm``, ``dkern-nystrom-knmtv``).
     """
 
     def __init__(self, kernel: Kernel, X: Any, centers: Any, backend: str = "auto",
-                 dtype: Any = None) -> None:
+                 dtype: Any = None, name: str = "dkern-nystrom-knmv") -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0); "
                             f"got {type(kernel).__name__}.")
@@ -82,7 +86,7 @@ class NystromOperator(GramOperator):
         if not np.all(np.isfinite(C)):
             raise ValueError("centers contain NaN or infinity; pick centres among finite rows.")
         Cd = da.from_array(C, chunks=C.shape, name=f"dkern-centers-{tokenize(C)}")
-        super().__init__(kernel, Xd, Cd, resolve_backend(backend))
+        super().__init__(kernel, Xd, Cd, resolve_backend(backend), name=name, labels=("X", "C"))
         self.C = C
         self.cached: da.Array | None = None
 
@@ -109,7 +113,8 @@ class NystromOperator(GramOperator):
         if self.cached is None:
             return super()._matvec(V)
         out = pairwise_reduce(cached_matvec_block, self.cached, V, over="cols",
-                              width=V.shape[1], name="dkern-knm-cached")
+                              width=V.shape[1], name=f"{self.task_name}-cached",
+                              labels=("X", "V"))
         return out.astype(self.dtype, copy=False)
 
     def normal_matvec(self, v: Any) -> da.Array:
@@ -120,10 +125,11 @@ class NystromOperator(GramOperator):
         V = self.as_operand(np.asarray(v, dtype=np.float64).reshape(self.shape[1], -1))
         if self.cached is not None:
             return pairwise_reduce(cached_normal_block, self.cached, V, over="rows",
-                                   width=V.shape[1], name="dkern-knm-normal-cached")
+                                   width=V.shape[1], name="dkern-nystrom-knmtknm-cached",
+                                   labels=("X", "V"))
         return pairwise_reduce(self.blocks.normal_matvec, self.X, self.Z, [(V, "cols")],
-                               over="rows", width=V.shape[1], name="dkern-knm-normal",
-                               kernel=self.kernel)
+                               over="rows", width=V.shape[1], name="dkern-nystrom-knmtknm",
+                               labels=self.labels, kernel=self.kernel)
 
     def rmatvec(self, Y: Any) -> da.Array:
         """``K_nmᵀ Y`` for Y of shape (n,) or (n, t), lazily; shape (M, t), float64."""
@@ -133,9 +139,12 @@ class NystromOperator(GramOperator):
                              f"{Yd.shape}.")
         Y2 = Yd.reshape(Yd.shape[0], -1).rechunk((self.X.chunks[0], -1))
         if self.cached is None:
-            return (self.T @ Y2).astype(np.float64)
+            transpose = GramOperator(self.kernel, self.Z, self.X, self.backend,
+                                     name="dkern-nystrom-knmtv", labels=("C", "X"))
+            return (transpose @ Y2).astype(np.float64)
         return pairwise_reduce(cached_rmatvec_block, self.cached, self.Z, [(Y2, "rows")],
-                               over="rows", width=Y2.shape[1], name="dkern-knm-rmatvec-cached")
+                               over="rows", width=Y2.shape[1], name="dkern-nystrom-knmtv-cached",
+                               labels=("X", "C"))
 
     def __repr__(self) -> str:
         return f"<NystromOperator shape={self.shape} dtype={self.dtype}>"

@@ -27,6 +27,8 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
+from .._failures import Side, register_blocks
+
 __all__ = ["pairwise_map", "pairwise_reduce"]
 
 Combine = Callable[..., np.ndarray]  # f(x, axis=..., keepdims=...), as np.sum
@@ -36,7 +38,7 @@ Operand = tuple[da.Array, Literal["rows", "cols"]]
 def pairwise_reduce(block: Callable[..., np.ndarray], rows: da.Array, cols: da.Array,
                     operands: Sequence[Operand] = (), *, over: Literal["rows", "cols"],
                     width: int, name: str, combine: Combine = np.sum,
-                    **kwargs: Any) -> da.Array:
+                    labels: tuple[str, str] = ("X", "Z"), **kwargs: Any) -> da.Array:
     """Apply ``block`` to every chunk pair and combine the partial results.
 
     Parameters
@@ -55,10 +57,14 @@ def pairwise_reduce(block: Callable[..., np.ndarray], rows: da.Array, cols: da.A
     width : int
         Columns of every partial result.
     name : str
-        Prefix of the task keys, e.g. ``"dkern-gram"``.
+        Prefix of the task keys as the dashboard shows them, e.g. ``"dkern-gram-matvec"``;
+        the tree reduction's tasks get ``name + "-sum"``.
     combine : callable, default numpy.sum
         ``combine(x, axis=..., keepdims=...)``, associative (``numpy.sum``,
         ``numpy.max``, ``scipy.special.logsumexp``): applied in a tree.
+    labels : (str, str), default ("X", "Z")
+        What ``rows`` and ``cols`` are to the user: a task that kills its workers is
+        reported by its block and row ranges under these names.
     **kwargs
         Passed to every ``block`` call (the kernel, small client-side arrays).
 
@@ -74,22 +80,30 @@ def pairwise_reduce(block: Callable[..., np.ndarray], rows: da.Array, cols: da.A
         _partial_block, f"{kept}{reduced}t", *args, new_axes={"t": width},
         adjust_chunks={reduced: 1}, concatenate=False, dtype=np.float64,
         meta=np.empty((0, 0, 0)), name=f"{name}-{token}", block=block, **kwargs)
+    row_position = 0 if over == "cols" else 1  # the key is (name, kept, reduced, 0)
+    register_blocks(parts.name, [Side(labels[0], rows.chunks[0], row_position),
+                                 Side(labels[1], cols.chunks[0], 1 - row_position)], 3)
     return da.reduction(parts, combine, combine, combine=combine, axis=1, dtype=np.float64,
                         meta=np.empty((0, 0)), name=f"{name}-sum-{token}")
 
 
 def pairwise_map(block: Callable[..., np.ndarray], rows: da.Array, cols: da.Array, *,
-                 dtype: Any, name: str, **kwargs: Any) -> da.Array:
+                 dtype: Any, name: str, labels: tuple[str, str] = ("X", "Z"),
+                 **kwargs: Any) -> da.Array:
     """``block(rows[i], cols[j], **kwargs)`` for every chunk pair, as an (n, m) dask array.
 
     Each task returns its (n_i, m_j) block; nothing is combined, so this is for a
     few columns only (``m`` small): the result is chunked like ``rows`` by ``cols``.
+    ``name`` and ``labels`` as for :func:`pairwise_reduce`.
     """
     _indexed(rows, cols, ())
     token = tokenize(_identity(block), rows.name, cols.name, kwargs)
-    return da.blockwise(_whole_block, "ij", rows, "ia", cols, "jb", concatenate=False,
-                        dtype=dtype, meta=np.empty((0, 0), dtype), name=f"{name}-{token}",
-                        block=block, **kwargs)
+    out = da.blockwise(_whole_block, "ij", rows, "ia", cols, "jb", concatenate=False,
+                       dtype=dtype, meta=np.empty((0, 0), dtype), name=f"{name}-{token}",
+                       block=block, **kwargs)
+    register_blocks(out.name, [Side(labels[0], rows.chunks[0], 0),
+                               Side(labels[1], cols.chunks[0], 1)], 2)
+    return out
 
 
 def _partial_block(*blocks: list[np.ndarray], block: Callable[..., np.ndarray],

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 import dask
 import numpy as np
 
+from .._failures import worker_failures
 from ..errors import DkernError, NotPositiveDefiniteError
 from .checkpoint import Checkpoint, decode
 
@@ -269,6 +270,7 @@ class _LoopState:
                           self.stalled & (last > tol))
 
 
+@worker_failures()  # a block that kills its workers is named, not a bare KilledWorker
 def block_cg_loop(matvec: Callable[[Vectors], Vectors], precond: Callable[[Vectors], Vectors],
                   B: Vectors, X: Vectors, *, x0_given: bool, tol: float, max_iter: int,
                   refresh_every: int,
