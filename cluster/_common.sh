@@ -9,6 +9,9 @@ DASK_CONFIG="$("$python" -m dkern.runtime)" || {
     exit 1
 }
 export DASK_CONFIG
+# distributed's nanny prefers a variable already in the environment to the file's
+# pre-spawn-environ: drop inherited malloc settings so the file's apply.
+unset MALLOC_TRIM_THRESHOLD_ MALLOC_MMAP_THRESHOLD_
 dask_scheduler=("$python" -m distributed.cli.dask_scheduler)
 dask_worker=("$python" -m distributed.cli.dask_worker)
 

@@ -6,8 +6,10 @@ embedded cluster reads it here, the scripts of ``cluster/`` through ``DASK_CONFI
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -101,13 +103,37 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client
     kwargs.setdefault("host", "127.0.0.1")
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     # Read by each nanny when it is created (and reused if it restarts its worker).
-    with dask.config.set(worker_config()):
+    settings = worker_config()
+    with dask.config.set(settings), _spawn_environ(settings):
         cluster = LocalCluster(**kwargs)
     try:
         return Client(cluster, deserializers=deserializers)
     except Exception:
         cluster.close()
         raise
+
+
+@contextlib.contextmanager
+def _spawn_environ(settings: dict[str, Any]) -> Iterator[None]:
+    """Put the settings' ``pre-spawn-environ`` values in ``os.environ`` while nannies start.
+
+    distributed's nanny prefers a variable already in ``os.environ`` to its config, and
+    writes its pre-spawn values into the parent's ``os.environ`` for good: after any plain
+    LocalCluster in this process, the config alone would leave dkern's workers with
+    distributed's 64 KiB trim threshold (slow tiles). The previous values come back after.
+    """
+    prefix = "distributed.nanny.pre-spawn-environ."
+    wanted = {k[len(prefix):]: str(v) for k, v in settings.items() if k.startswith(prefix)}
+    saved = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client:

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import dask
+import dask.array as da
 import numpy as np
 
 from .._failures import worker_failures
@@ -90,7 +91,33 @@ class Scalars(NamedTuple):
 
 def _dot(a: Vectors, b: Vectors) -> Vectors:
     """Column-wise inner products in float64; shape (t,)."""
-    return (a * b).sum(axis=0, dtype=np.float64)
+    return _dots([(a, b)])[0]
+
+
+def _dots(pairs: list[tuple[Vectors, Vectors]]) -> list[Vectors]:
+    """Column-wise float64 inner products of several pairs of (n, t) vectors, each (t,).
+
+    With dask vectors all of them come from one blockwise pass over the row chunks and one
+    tree sum: an iteration's graph (client-side construction and scheduler tasks) is then a
+    few layers instead of a product and a reduction per inner product.
+    """
+    if not isinstance(pairs[0][0], da.Array):
+        return [(a * b).sum(axis=0, dtype=np.float64) for a, b in pairs]
+    vectors = list({id(v): v for pair in pairs for v in pair}.values())
+    where = {id(v): i for i, v in enumerate(vectors)}
+    index = tuple((where[id(a)], where[id(b)]) for a, b in pairs)
+    args = [x for v in vectors for x in (v, "ij")]
+    partial = da.blockwise(_dots_block, "ipj", *args, index=index, new_axes={"p": len(pairs)},
+                           adjust_chunks={"i": 1}, dtype=np.float64,
+                           meta=np.empty((0, 0, 0)), name="dkern-cg-dots")
+    total = partial.sum(axis=0)
+    return [total[k] for k in range(len(pairs))]
+
+
+def _dots_block(*blocks: np.ndarray, index: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """The (1, p, t) partial inner products of one row chunk, summed as ``_dot`` would."""
+    return np.stack([(blocks[a] * blocks[b]).sum(axis=0, dtype=np.float64)
+                     for a, b in index])[None]
 
 
 def _check_finite(values: Scalars, k: int) -> None:
@@ -228,8 +255,8 @@ class _LoopState:
     def scalars(self, U: Vectors, W: Vectors) -> Scalars:
         """Every inner product of the iteration, in one ``dask.compute``."""
         R, P, S = self.R, self.P, self.S
-        lazy = [_dot(R, R), _dot(R, U), _dot(U, W)]
-        lazy += [_dot(U, S), _dot(P, S), _dot(R, P)] if P is not None else [0 * self.bnorm] * 3
+        pairs = [(R, R), (R, U), (U, W)] + ([(U, S), (P, S), (R, P)] if P is not None else [])
+        lazy = _dots(pairs) + [0 * self.bnorm] * (6 - len(pairs))
         s = Scalars(*(np.asarray(v, dtype=np.float64) for v in dask.compute(*lazy)))
         _check_finite(s, self.k)
         return s
