@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import dask
+import dask.array as da
 import numpy as np
 import psutil
 import pytest
@@ -86,6 +88,12 @@ def test_results_that_need_unpickling_are_refused(embedded):
 
     assert np.array_equal(embedded.submit(np.arange, 5.0).result(timeout=30), np.arange(5.0))
     assert embedded.submit(float, "2.5").result(timeout=30) == 2.5
+    # numpy scalars stay numpy scalars (through msgpack they would become Python floats, and
+    # dask's float(array) calls .item() on them): the README's RMSE line depends on it
+    scalar = embedded.submit(np.float32, 1.5).result(timeout=30)
+    assert type(scalar) is np.float32 and scalar == 1.5
+    with dask.config.set(scheduler=embedded):
+        assert float(da.ones(10, chunks=5).sum()) == 10.0
     with pytest.raises(TypeError, match="Could not serialize object of type Anything"):
         embedded.submit(Anything, pure=False).result(timeout=30)
     trusting = connect(embedded.scheduler.address, trusted_results=True)

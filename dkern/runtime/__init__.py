@@ -15,7 +15,7 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
-from . import checks
+from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
 from .checks import SAFE_DESERIALIZERS, ClusterVersionError
 from .config import WORKER_CONFIG, worker_config
 from .watch import PauseWatch, WorkersPausedWarning
