@@ -5,7 +5,6 @@ The scheduler and two workers run in another process, so what is counted here is
 reaches the client (a LocalCluster would run its scheduler in this process too).
 """
 
-import functools
 import os
 import subprocess
 import sys
@@ -85,34 +84,30 @@ def _store(path, n):
     return str(path)
 
 
-def _fit(client, received, monkeypatch, solver_name, url, **params):
+def _fit(client, received, url, **params):
     """Bytes received by the fit, and at each of the solver's iterations."""
-    import dkern.models.kernel_ridge as kr
-
     at_iteration = []
-    solver = getattr(kr, solver_name)
-    monkeypatch.setattr(kr, solver_name, functools.partial(
-        solver, callback=lambda k, rel: at_iteration.append(received[0])))
     before = received[0]
     with dask.config.set(scheduler=client):
         model = KernelRidge(Gaussian(1.0), alpha=1e-2, random_state=0, **params)
-        model.fit((url, "X"), (url, "y"))
+        model.fit((url, "X"), (url, "y"),
+                  callback=lambda k, rel: at_iteration.append(received[0]))
     return model, received[0] - before, np.diff(at_iteration)
 
 
-def test_client_receives_no_n_sized_array(tmp_path, remote_client, received, monkeypatch,
+def test_client_receives_no_n_sized_array(tmp_path, remote_client, received,
                                           record_figures):
     figures = {}
     for n in (N1, N2):
         url = _store(tmp_path / f"{n}.zarr", n)
-        cg_model, cg_total, cg_steps = _fit(remote_client, received, monkeypatch, "cg", url,
+        cg_model, cg_total, cg_steps = _fit(remote_client, received, url,
                                             solver="cg", tol=1e-30, max_iter=CG_ITER)
         assert cg_model.n_iter_ == CG_ITER
         before = received[0]
         with dask.config.set(scheduler=remote_client):
             cg_model.predict((url, "X"), out=(url, "pred"))
         predict_total = received[0] - before
-        _, ny_total, _ = _fit(remote_client, received, monkeypatch, "falkon", url,
+        _, ny_total, _ = _fit(remote_client, received, url,
                               solver="nystrom", n_centers=M, tol=1e-30, max_iter=CG_ITER)
         figures[n] = {"n_times_8": 8 * n, "cg_fit": cg_total,
                       "cg_per_iteration_median": float(np.median(cg_steps[1:])),
