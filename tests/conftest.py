@@ -34,9 +34,11 @@ def pytest_terminal_summary(terminalreporter):
         return
     terminalreporter.section("dkern reliability figures (benchmarks/reliability/*.json)")
     for name, figures in sorted(_measured.items()):
-        brief = {k: v for k, v in figures.items() if not isinstance(v, (list, dict))
-                 or len(json.dumps(v)) < 200}
-        terminalreporter.write_line(f"{name}: {json.dumps(brief, sort_keys=True)}")
+        for key, value in sorted(figures.items()):
+            text = json.dumps(value, sort_keys=True)
+            if len(text) > 400:  # per-trial detail: in the JSON file only
+                text = text[:400] + " ..."
+            terminalreporter.write_line(f"{name}.{key}: {text}")
 
 
 @pytest.fixture(scope="session")

@@ -182,36 +182,57 @@ def _task_count(dask_scheduler):
     return len(dask_scheduler.tasks)
 
 
+@pytest.fixture
+def threaded_client():
+    """An in-process cluster: the lineage lives on its scheduler like on any other, and
+    an iteration's round trips cost less than across processes."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        yield client
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_checkpoints_keep_the_scheduler_task_count_flat(cluster_client, tmp_path, record_figures):
-    n = 2000
-    A = Diagonal(da.from_array(np.logspace(0, 6, n), chunks=n // 4))
+def test_checkpoints_keep_the_scheduler_task_count_flat(threaded_client, tmp_path,
+                                                       record_figures):
+    """Without a checkpoint the scheduler keeps every iteration's tasks (the lineage of the
+    persisted vectors); with one every ``every`` iterations, the count stays bounded."""
+    n, every, iterations = 2000, 15, 150
+    A = Diagonal(da.from_array(np.logspace(0, 6, n), chunks=n // 2))
     y = np.random.default_rng(0).normal(size=n)
+    marks = (15, 30, 60, 105, 150)
     counts = {}
 
     def count(k, rel):
-        if k in (20, 40, 100, 300, 500):
-            counts[k] = cluster_client.run_on_scheduler(_task_count)
+        if k in marks:
+            counts[k] = threaded_client.run_on_scheduler(_task_count)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # max_iter is the point
         start = time.perf_counter()
-        cg(A, y, tol=1e-30, max_iter=40, callback=count)  # without: grows per iteration
-        per_iteration = (time.perf_counter() - start) / 40
+        cg(A, y, tol=1e-30, max_iter=30, callback=count)
+        per_iteration = (time.perf_counter() - start) / 30
         grown = dict(counts)
         counts.clear()
         start = time.perf_counter()
-        out = cg(A, y, tol=1e-30, max_iter=500, callback=count, checkpoint=tmp_path / "ck")
+        out = cg(A, y, tol=1e-30, max_iter=iterations, callback=count,
+                 checkpoint=tmp_path / "ck", checkpoint_every=every)
         seconds = time.perf_counter() - start
-    assert out.n_iter == 500
-    assert grown[40] > grown[20] + 10 * 20  # tens of tasks per iteration are kept
-    # with a checkpoint every 50 iterations (the default), at most 50 iterations' worth
-    assert counts[500] <= 1.2 * counts[100] and counts[300] <= 1.2 * counts[100], counts
-    record_figures("checkpoint", lineage={"n": n, "chunks": 4, "checkpoint_every": 50,
-                       "tasks_without_checkpoint": grown, "tasks_with_checkpoint": counts,
-                       "seconds_per_iteration_without": round(per_iteration, 3),
-                       "seconds_per_iteration_with": round(seconds / 500, 3)})
+    assert out.n_iter == iterations
+    growth = (grown[30] - grown[15]) / 15  # tasks kept per iteration without checkpoints
+    assert growth > 5, grown
+    # with checkpoints: from iteration 30 to 150 (120 iterations), less growth than two
+    # checkpoint cycles' worth without (each count falls at its own point of the cycle)
+    assert max(counts[k] for k in marks[1:]) - counts[30] < 2 * growth * every, counts
+    assert counts[150] < grown[30], (counts, grown)
+    record_figures("checkpoint", lineage={
+        "n": n, "chunks": 2, "checkpoint_every": every, "iterations": iterations,
+        "tasks_per_iteration_kept_without_checkpoint": round(growth, 1),
+        "tasks_without_checkpoint": grown, "tasks_with_checkpoint": counts,
+        "seconds_per_iteration_without": round(per_iteration, 3),
+        "seconds_per_iteration_with": round(seconds / iterations, 3)})
 
 
 @pytest.mark.distributed
