@@ -193,6 +193,12 @@ def test_paused_workers_are_named_within_seconds(limited, caplog):
 
     (address, info), = limited.scheduler_info()["workers"].items()
     limit = info["memory_limit"]
+    # The watch warns when the set of paused workers changes: let it see this worker
+    # running first (an earlier test may have left it paused at the watch's last check).
+    deadline = time.monotonic() + 30
+    while _rss(limited)[0] != "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.5)  # > 2 intervals of the watch
     _, memory = _rss(limited)
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="dkern.runtime.watch"), \
