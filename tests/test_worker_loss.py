@@ -61,6 +61,18 @@ def _back_to_four(client):
     client.wait_for_workers(4, timeout=120)
 
 
+def _fit_twice_killing_once(client, fit):
+    """The fault-free fit, then the same fit with a worker SIGKILLed half-way through its
+    CG iterations; both models and their wall times. Waits for the restarted worker."""
+    ref, free = _timed(fit)
+    assert ref.n_iter_ >= 4 and ref.converged_
+    with killing_at(client, ref.n_iter_ // 2) as killer:
+        got, faulted = _timed(fit)
+    assert killer.killed is not None
+    _back_to_four(client)
+    return ref, got, free, faulted
+
+
 def test_krr_cg_fit_survives_a_killed_worker(client, store, record_figures, monkeypatch):
     monkeypatch.setattr(dkern.models.kernel_ridge, "CG_PRECONDITIONER_RANK", RANK)
 
@@ -68,17 +80,12 @@ def test_krr_cg_fit_survives_a_killed_worker(client, store, record_figures, monk
         return dkern.KernelRidge(Gaussian(1.0), alpha=1.0, solver="cg", tol=1e-8,
                                  backend="numpy", random_state=0).fit((store, "X"), Y)
 
-    ref, free = _timed(fit)
-    assert ref.n_iter_ >= 4 and ref.converged_
-    with killing_at(client, ref.n_iter_ // 2) as killer:
-        got, faulted = _timed(fit)
-    assert killer.killed is not None
+    ref, got, free, faulted = _fit_twice_killing_once(client, fit)
     np.testing.assert_array_equal(got.dual_coef_.compute(), ref.dual_coef_.compute())
     np.testing.assert_array_equal(got.residuals_, ref.residuals_)
     assert got.n_iter_ == ref.n_iter_
     _record(record_figures, "krr_cg_fit_zarr", free, faulted, n=N, n_iter=ref.n_iter_,
             killed_at_iteration=ref.n_iter_ // 2)
-    _back_to_four(client)
 
 
 def test_gp_cg_fit_survives_a_killed_worker(client, store, record_figures, monkeypatch):
@@ -89,15 +96,10 @@ def test_gp_cg_fit_survives_a_killed_worker(client, store, record_figures, monke
             Gaussian(1.0), alpha=1.0, solver="cg", optimizer=None, tol=1e-8,
             backend="numpy", random_state=0).fit((store, "X"), Y)
 
-    ref, free = _timed(fit)
-    assert ref.n_iter_ >= 4 and ref.converged_
-    with killing_at(client, ref.n_iter_ // 2) as killer:
-        got, faulted = _timed(fit)
-    assert killer.killed is not None
+    ref, got, free, faulted = _fit_twice_killing_once(client, fit)
     np.testing.assert_array_equal(np.asarray(got.alpha_), np.asarray(ref.alpha_))
     _record(record_figures, "gp_cg_fit_zarr", free, faulted, n=N, n_iter=ref.n_iter_,
             killed_at_iteration=ref.n_iter_ // 2)
-    _back_to_four(client)
 
 
 def _written_chunks(url):
