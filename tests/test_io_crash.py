@@ -189,9 +189,12 @@ def test_sigkill_at_random_moments_never_blocks_later_writes(tmp_path):
         proc.wait()
         X, y = open_array(url, "X").compute(), open_array(url, "y").compute()
         assert np.all(X == X[0, 0]) and np.array_equal(y, np.arange(500.0) + X[0, 0])
-        write_arrays(url, {"X": np.full((2000, 4), -1.0 - trial)}, overwrite=True,
-                     chunk_rows=100)
-        np.testing.assert_array_equal(open_array(url, "X").compute(), -1.0 - trial)
+        # Write a consistent pair too: a writer killed before its first commit leaves
+        # this pair in place, and the invariant above must still hold next trial.
+        mark = -1.0 - trial
+        write_arrays(url, {"X": np.full((2000, 4), mark), "y": np.arange(500.0) + mark},
+                     overwrite=True, chunk_rows=100)
+        np.testing.assert_array_equal(open_array(url, "X").compute(), mark)
         assert check_store(url).ok
     clean_store(url, min_age=0)
     assert check_store(url).orphans == []
