@@ -17,6 +17,7 @@ from dkern.kernels import Gaussian
 from dkern.models import KernelRidge
 from dkern.operators import gram
 from dkern.operators.memory import TASK_FRACTION, check_row_chunks, row_task_bytes
+from dkern.solvers.preconditioners import FACTOR_VALUES_PER_PIVOT, NystromPreconditioner
 
 
 def _one_chunk_store(path, n, d, rng=None):
@@ -58,6 +59,41 @@ def test_knm_is_not_cached_in_row_blocks_too_big_for_a_task(monkeypatch, sync_sc
     assert too_wide.cached is None
     narrow = NystromOperator(Gaussian(1.0), X, np.zeros((200, 2)))  # 64 MB blocks
     assert narrow.cache_blocks(memory.persist_budget())
+
+
+def test_factor_estimate_bounds_the_measured_peak_of_building_it(sync_scheduler):
+    """Building the CG preconditioner's rank-r factor over a one-chunk X: the per-task
+    estimate with FACTOR_VALUES_PER_PIVOT values per row and pivot is at least the peak
+    allocated (the synchronous scheduler also keeps the persisted factor in this process,
+    so the peak is that of a worker holding both) and within a factor two of it."""
+    n, rank = 20_000, 100
+    X = da.from_array(np.random.default_rng(0).normal(size=(n, 4)), chunks=(n, 4))
+    tracemalloc.start()
+    try:
+        NystromPreconditioner(Gaussian(1.0), X, 1e-3, rank, pivots="rpcholesky",
+                              random_state=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    estimate = row_task_bytes(X, FACTOR_VALUES_PER_PIVOT * rank)
+    assert peak <= estimate <= 2 * peak, (peak, estimate)
+
+
+def test_a_factor_too_big_for_the_workers_is_refused_before_anything_runs(monkeypatch,
+                                                                           sync_scheduler):
+    """X's 200,000-row chunks fit a 1 GB worker's task (500 MB), but their rank-300
+    factor blocks (about 1.9 GB) do not: before, only X was checked, and a CG fit on
+    such workers had them killed instead of being refused."""
+    from dkern.operators import memory
+
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 1e9, "nthreads": 1}] * 4)
+    X = da.zeros((400_000, 2), chunks=(200_000, 2))
+    check_row_chunks(X)  # X alone fits
+    computed = []
+    with dask.config.set(scheduler=lambda dsk, keys, **kw: computed.append(keys)), \
+            pytest.raises(MemoryLimitError, match="1200 float64 values per row"):
+        NystromPreconditioner(Gaussian(1.0), X, 1e-3, 300, pivots="rpcholesky")
+    assert computed == [], "work was submitted before the refusal"
 
 
 @pytest.fixture(scope="module")

@@ -128,9 +128,10 @@ def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
     share, limit, nthreads = budget
     rows = max(X.chunks[0])
     fit = max(1, int(rows * (share - TILE_OVERHEAD) / (need - TILE_OVERHEAD)))
+    extra = f", and {per_row} float64 values per row computed from them" if per_row else ""
     raise MemoryLimitError(
         f"{name}'s row chunks of up to {rows} rows ({X.shape[1] if X.ndim > 1 else 1} "
-        f"{X.dtype} values each) need about {need / 1e6:.0f} MB per task, over the "
+        f"{X.dtype} values each{extra}) need about {need / 1e6:.0f} MB per task, over the "
         f"{share / 1e6:.0f} MB a task may take on the workers (memory_limit "
         f"{limit / 1e6:.0f} MB, {nthreads} thread(s); dkern allows {TASK_FRACTION:.0%} of "
         f"it per thread). Nothing was submitted. Use row chunks of at most {fit} rows: "

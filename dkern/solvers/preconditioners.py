@@ -17,6 +17,7 @@ import scipy.linalg as sla
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators import data_rows, gram
+from ..operators.memory import check_row_chunks
 from ._checks import integer, positive_number
 from .sampling import chunk_sums, gather_rows, sample_rows
 
@@ -25,6 +26,10 @@ logger = logging.getLogger(__name__)
 #: Eigenvalues of the Nyström factor below this fraction of the largest are dropped
 #: (their directions are left to CG): FᵀF squares the condition number.
 EIG_CUTOFF = 1e-10
+#: float64 values per row and pivot that building the Nyström factor holds in the task of
+#: a row chunk: the kernel columns, the factor, and QR's copy and workspace; the measured
+#: peak over a one-chunk X is in tests/test_memory_limits.py.
+FACTOR_VALUES_PER_PIVOT = 4
 
 
 class JacobiPreconditioner:
@@ -78,6 +83,13 @@ class NystromPreconditioner:
     random_state : int or numpy.random.Generator, optional
     block_size : int, default=16
         Pivots drawn per RPCholesky step (one dask pass over X per step).
+
+    Raises
+    ------
+    MemoryLimitError
+        Before anything runs, when the factor's block of X's largest row chunk
+        (``FACTOR_VALUES_PER_PIVOT · rank`` float64 values per row) cannot fit in a
+        task on the current cluster's workers (:func:`dkern.operators.memory.check_row_chunks`).
     """
 
     def __init__(self, kernel: Kernel, X: Any, alpha: float, rank: int, *,
@@ -89,6 +101,9 @@ class NystromPreconditioner:
         block_size = integer(block_size, "block_size")
         if pivots not in ("uniform", "rpcholesky"):
             raise ValueError(f"pivots must be 'uniform' or 'rpcholesky'; got {pivots!r}.")
+        # The factor is chunked like X's rows: refuse row chunks whose factor block
+        # cannot fit in a worker before anything is submitted, as data_rows does for X.
+        check_row_chunks(Xd, "X", per_row=FACTOR_VALUES_PER_PIVOT * rank)
         rng = np.random.default_rng(random_state)
         if pivots == "uniform":
             G, W = _uniform_factor(kernel, Xd, rank, rng)
