@@ -107,3 +107,31 @@ def test_gd_rejects_bad_arguments():
         gd(A, Y[:10], step=0.1)
     with pytest.raises(ValueError, match="alpha must be a finite number > 0 for solver='gd'"):
         KernelRidge(solver="gd", alpha=0.0).fit(X, Y)
+
+
+class Stop(Exception):
+    """Raised by a callback to interrupt a fit, as a crash would."""
+
+
+def test_gd_resumes_from_its_checkpoint_and_ends_bitwise_equal(tmp_path):
+    """A fit stopped at iteration 27 resumes from the checkpoint of iteration 20 (with the
+    saved step: no new Lanczos estimate) and ends bitwise equal to an uninterrupted fit."""
+    params = {"kernel": KERNEL, "alpha": ALPHA, "solver": "gd", "tol": 1e-4, "random_state": 0,
+              "checkpoint_every": 10}
+    ref = KernelRidge(**params).fit(X, Y)
+    seen = []
+
+    def stop_at_27(k, rel):
+        seen.append(k)
+        if k == 27:
+            raise Stop
+
+    ck = tmp_path / "ck"
+    with pytest.raises(Stop):
+        KernelRidge(checkpoint=ck, **params).fit(X, Y, callback=stop_at_27)
+    seen.clear()
+    model = KernelRidge(checkpoint=ck, **{**params, "random_state": 1}).fit(
+        X, Y, callback=lambda k, rel: seen.append(k))
+    assert seen[0] == 20 and model.n_iter_ == ref.n_iter_
+    np.testing.assert_array_equal(model.dual_coef_, ref.dual_coef_)
+    np.testing.assert_array_equal(model.residuals_, ref.residuals_)

@@ -11,9 +11,10 @@ kernel), so Newton is run in function space. With ``K' = K / (nα)``, ``n J(β) 
 ℓ(ỹᵢ fᵢ) + ½ fᵀK'⁻¹f``: the negated Laplace objective Ψ(f) of a GP classifier with
 kernel K' (Rasmussen & Williams 2006, §3.4), whose mode has ``f = K'(t − σ(f))``, i.e.
 the stationarity residual ``ρ = nαβ + σ(f) − t`` is zero. Newton is affine invariant, so
-its steps in β and in f = Kβ are the same; any solution of the singular
-``∇²J Δ = −∇J`` solves ``(WK + nαI) Δ = −ρ`` (multiply the latter by K/n), and with
-``W = nα U²`` this has the form of R&W Alg. 3.1 lines 6–7, one SPD system whatever K's
+its steps in β and in f = Kβ are the same. The solution of the nonsingular
+``(WK + nαI) Δ = −ρ`` solves the singular Newton system ``∇²J Δ = −∇J`` (multiply it by
+K/n; every solution of the latter gives the same step ``KΔ`` of f), and with
+``W = nα U²`` it has the form of R&W Alg. 3.1 lines 6–7, one SPD system whatever K's
 rank::
 
     B Δz = U K (−ρ),   B = I + U K U,   U = diag(√(W / (nα)))
@@ -51,6 +52,7 @@ import dask.array as da
 import numpy as np
 from scipy.special import expit
 
+from ..errors import DkernError
 from ..operators import GramOperator, Operator
 from ..solvers import cg, descend, top_eigenvalue
 
@@ -71,14 +73,13 @@ class KlrFit:
     """The fitted coefficients of all binary problems.
 
     ``beta`` (n, t) persisted on the cluster; ``residuals`` (n_iter + 1, t) relative
-    stationarity residuals; ``converged`` (t,); ``step`` the gd step τ (NaN for Newton).
+    stationarity residuals; ``converged`` (t,).
     """
 
     beta: da.Array
     n_iter: int
     residuals: np.ndarray
     converged: np.ndarray
-    step: float = float("nan")
 
 
 class NewtonSystem(Operator):
@@ -112,13 +113,13 @@ def _scalars(beta: da.Array, f: da.Array, T: da.Array, nalpha: float,
     objective = da.logaddexp(0, -(2 * T - 1) * f).sum(axis=0) + nalpha / 2 * (beta * f).sum(axis=0)
     obj, r2 = dask.compute(objective, (rho * rho).sum(axis=0))
     if not (np.isfinite(obj).all() and np.isfinite(r2).all()):
-        raise FloatingPointError("kernel logistic regression: the objective became NaN or "
-                                 "infinite; check the kernel parameters and alpha.")
+        raise DkernError("kernel logistic regression: the objective became NaN or infinite; "
+                         "check the data, the kernel parameters and alpha.")
     return obj, np.sqrt(r2) / norm0
 
 
 def newton_cg(K: GramOperator, T: da.Array, nalpha: float, *, tol: float,
-              max_iter: int | None, cg_max_iter: int | None = None,
+              max_iter: int | None,
               callback: Callable[[int, np.ndarray], None] | None = None) -> KlrFit:
     """Newton's method with CG-solved steps (module docstring) from ``β = 0``.
 
@@ -136,7 +137,7 @@ def newton_cg(K: GramOperator, T: da.Array, nalpha: float, *, tol: float,
             break
         with dask.annotate(dkern_iteration=k):
             delta, delta_f = _newton_direction(K, T, beta, f, nalpha, active,
-                                               min(0.1, float(rel[active].min())), cg_max_iter)
+                                               min(0.1, float(rel[active].min())))
             beta, f, obj, rel = _line_search(beta, f, delta, delta_f, T, nalpha, obj, norm0)
         history.append(rel)
         k += 1
@@ -146,8 +147,7 @@ def newton_cg(K: GramOperator, T: da.Array, nalpha: float, *, tol: float,
 
 
 def _newton_direction(K: GramOperator, T: da.Array, beta: da.Array, f: da.Array, nalpha: float,
-                      active: np.ndarray, forcing: float,
-                      cg_max_iter: int | None) -> tuple[da.Array, da.Array]:
+                      active: np.ndarray, forcing: float) -> tuple[da.Array, da.Array]:
     """The Newton step ``(Δβ, Δf = KΔβ)`` of the active columns (module docstring); the
     inactive columns get 0."""
     pi = sigmoid(f)
@@ -159,7 +159,7 @@ def _newton_direction(K: GramOperator, T: da.Array, beta: da.Array, f: da.Array,
     with np.errstate(divide="ignore", invalid="ignore"):  # inactive columns: 0 / 0
         tols = np.where(active, forcing * norms[0] / (norms[1] * norms[2]), np.inf)
     cg_tol = float(np.clip(tols.min(), CG_TOL_FLOOR, 0.1))
-    z = cg(NewtonSystem(K, U), rhs, tol=cg_tol, max_iter=cg_max_iter).x
+    z = cg(NewtonSystem(K, U), rhs, tol=cg_tol).x
     (delta,) = dask.persist((c - U * z.rechunk(c.chunks)) / nalpha)
     (delta_f,) = dask.persist(K.matvec(delta))
     return delta, delta_f
@@ -182,7 +182,7 @@ def _line_search(beta: da.Array, f: da.Array, delta: da.Array, delta_f: da.Array
 
 
 def gradient_descent(K: GramOperator, T: da.Array, nalpha: float, *, tol: float,
-                     max_iter: int | None, random_state: Any = None, progress: bool = False,
+                     max_iter: int | None, random_state: Any = None,
                      callback: Callable[[int, np.ndarray], None] | None = None) -> KlrFit:
     """The seeds' kernelised gradient descent (module docstring) from ``β = 0``."""
     step = 4.0 / top_eigenvalue(K + 4 * nalpha, random_state=random_state)
@@ -192,8 +192,8 @@ def gradient_descent(K: GramOperator, T: da.Array, nalpha: float, *, tol: float,
         return T - sigmoid(K.matvec(beta)) - nalpha * beta
 
     out = descend(residual, da.zeros_like(T), step=step, tol=tol, max_iter=max_iter,
-                  callback=callback, progress=progress, name="kernel logistic regression gd")
-    return KlrFit(out.x, out.n_iter, out.residuals, out.converged, step)
+                  callback=callback, name="kernel logistic regression gd")
+    return KlrFit(out.x, out.n_iter, out.residuals, out.converged)
 
 
 def _report(k: int, rel: np.ndarray, callback: Callable[[int, np.ndarray], None] | None) -> None:

@@ -149,17 +149,8 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
             raise ValueError(f"KernelLogisticRegression needs labels of at least 2 classes in y; "
                              f"got 1 class (only {self.classes_[0]!r} is present). Pass labels "
                              "of two or more classes.")
-        n = Xv.shape[0]
-        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
-        K = gram(kernel, Xw, backend=self.backend, name="dkern-klr-matvec")
-        T = _targets(codes, len(self.classes_), K.col_chunks)
-        if solver == "newton-cg":
-            out = _klr.newton_cg(K, T, n * alpha, tol=tol, max_iter=max_iter, callback=callback)
-        else:
-            out = _klr.gradient_descent(K, T, n * alpha, tol=tol, max_iter=max_iter,
-                                        random_state=as_generator(self.random_state),
-                                        callback=callback)
-        beta = out.beta[:, 0] if T.shape[1] == 1 else out.beta
+        out = self._solve(kernel, Xv, codes, solver, alpha, tol, max_iter, callback)
+        beta = out.beta[:, 0] if len(self.classes_) == 2 else out.beta
         self.dual_coef_ = np.ascontiguousarray(beta.compute()) if isinstance(Xv, np.ndarray) \
             else beta  # the only n-vectors that leave the cluster: numpy input's, once
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
@@ -174,6 +165,19 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
         logger.info("KernelLogisticRegression: solver=%s, %d iterations, converged=%s", solver,
                     self.n_iter_, self.converged_)
         return self
+
+    def _solve(self, kernel: Kernel, X: Any, codes: np.ndarray, solver: str, alpha: float,
+               tol: float, max_iter: int | None, callback: Any) -> _klr.KlrFit:
+        """Every binary problem's β, side by side as the columns of one solve."""
+        Xw = X if X.dtype == np.float64 else X.astype(np.float64)
+        K = gram(kernel, Xw, backend=self.backend, name="dkern-klr-matvec")
+        T = _targets(codes, len(self.classes_), K.col_chunks)
+        nalpha = X.shape[0] * alpha
+        if solver == "newton-cg":
+            return _klr.newton_cg(K, T, nalpha, tol=tol, max_iter=max_iter, callback=callback)
+        return _klr.gradient_descent(K, T, nalpha, tol=tol, max_iter=max_iter,
+                                     random_state=as_generator(self.random_state),
+                                     callback=callback)
 
     @worker_failures()
     def decision_function(self, X: Any) -> Any:
@@ -226,13 +230,12 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
         scores = self.decision_function(X)
         index = (scores > 0).astype(np.intp) if scores.ndim == 1 else scores.argmax(axis=1)
         if isinstance(index, da.Array):
-            return index.map_blocks(self.classes_.take, dtype=self.classes_.dtype)
+            return da.map_blocks(self.classes_.take, index, dtype=self.classes_.dtype)
         return self.classes_[index]
 
 
 def _sigmoid(scores: Any) -> Any:
-    return scores.map_blocks(expit, dtype=np.float64) if isinstance(scores, da.Array) \
-        else expit(scores)
+    return _klr.sigmoid(scores) if isinstance(scores, da.Array) else expit(scores)
 
 
 def _targets(codes: np.ndarray, n_classes: int, chunks: tuple[int, ...]) -> da.Array:

@@ -55,7 +55,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     """Kernel ridge regression on data larger than memory.
 
     With ``alpha`` exactly as in :class:`sklearn.kernel_ridge.KernelRidge`, the
-    ``"exact"`` and ``"cg"`` solvers find the dual coefficients ``c`` of
+    ``"exact"``, ``"cg"`` and ``"gd"`` solvers find the dual coefficients ``c`` of
 
     .. math:: (K + \\alpha I)\\, c = y, \\qquad \\hat f(x) = \\sum_i c_i\\, k(x, x_i),
 
@@ -88,10 +88,10 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         from ``c = 0`` with ``τ = 1 / λ_max(K + αI)`` estimated by 20 Lanczos steps
         (:func:`dkern.solvers.gd`); the same solution as ``"cg"`` to ``tol`` but after about
         ``κ ln(1/tol)`` iterations, ``κ = λ_max(K + αI) / α``, against CG's ``√κ``, so
-        ``"auto"`` never picks it. ``"auto"`` never trades
-        accuracy: exact up to ``EXACT_MAX_N`` rows, ``"cg"`` above (the same solution,
-        to ``tol``); ``"nystrom"`` only when ``n_centers`` is given. It logs its choice
-        and the reason at INFO level.
+        ``"auto"`` never picks it. ``"auto"`` never trades accuracy: exact up to
+        ``EXACT_MAX_N`` rows, ``"cg"`` above (the same solution, to ``tol``);
+        ``"nystrom"`` only when ``n_centers`` is given. It logs its choice and the
+        reason at INFO level.
     n_centers : int, optional
         M for ``"nystrom"``; default ``round(√n)`` (see :func:`dkern.solvers.select_centers`).
         Giving it with ``solver="auto"`` asks for ``"nystrom"``.
@@ -115,11 +115,11 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         Show a progress bar of the CG / Falkon iterations (iteration, relative
         residual, elapsed time).
     checkpoint : str or os.PathLike, optional
-        A folder or fsspec URL (seen by the client and every worker) where ``"cg"`` and
-        ``"nystrom"`` save their solver state every ``checkpoint_every`` iterations; a
-        fit of the same problem resumes there (see :func:`dkern.solvers.cg`). Unused
-        by ``"exact"`` and ``"gd"``. The finished fit's checkpoint is marked complete and kept;
-        delete it with :func:`dkern.solvers.remove_checkpoint`.
+        A folder or fsspec URL (seen by the client and every worker) where ``"cg"``,
+        ``"gd"`` and ``"nystrom"`` save their solver state every ``checkpoint_every``
+        iterations; a fit of the same problem resumes there (see
+        :func:`dkern.solvers.cg`). Unused by ``"exact"``. The finished fit's checkpoint
+        is marked complete and kept; delete it with :func:`dkern.solvers.remove_checkpoint`.
     checkpoint_every : int, default=dkern.solvers.CHECKPOINT_EVERY (50)
 
     Attributes
@@ -132,7 +132,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         ``c`` or ``β``. numpy, except for ``"cg"`` and ``"gd"`` on dask/Zarr X, where the n-sized
         solution stays on the cluster as a persisted dask array, chunked like X.
     X_fit_ : ndarray or dask.array.Array of shape (n, d)
-        ``"exact"`` and ``"cg"``: the training rows as given (numpy in memory; dask or
+        ``"exact"``, ``"cg"`` and ``"gd"``: the training rows as given (numpy in memory; dask or
         Zarr input as a lazy dask array, never loaded).
     centers_ : ndarray of shape (M, d)
         ``"nystrom"`` only: the centres.
@@ -312,7 +312,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     def _fit_gd(self, X: Any, y: Any, alpha: float, tol: float, callback: Any) -> None:
         A = gram(self.kernel_, X, backend=self.backend) + alpha  # K + alpha I, lazy
         result = gd(A, y, tol=tol, max_iter=self.max_iter, callback=callback,
-                    progress=bool(self.verbose), random_state=as_generator(self.random_state))
+                    progress=bool(self.verbose), random_state=as_generator(self.random_state),
+                    checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
         self.dual_coef_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
                            else result.x)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals

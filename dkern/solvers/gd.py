@@ -21,7 +21,7 @@ matvec) and one ``dask.compute`` of the column norms.
 from __future__ import annotations
 
 import logging
-import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,11 +30,13 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
 
 from ..errors import ConvergenceWarning, DkernError
 from ._checks import integer, positive_number, square_operator
 from ._iteration import _dot, progress_bar
 from .cg import LinearOperator, _as_vectors
+from .checkpoint import CHECKPOINT_EVERY, Checkpoint, decode
 from .lanczos import lanczos_decomposition
 
 logger = logging.getLogger(__name__)
@@ -64,9 +66,8 @@ class GDResult:
     converged : ndarray of bool, shape (t,)
         Whether each column reached ``tol``.
     step : float
-        τ, the step ``x ← x + τ r(x)``.
-    top_eigenvalue : float
-        The estimate of ``λ_max(A)`` behind τ (:func:`gd`); NaN when the step was given.
+        τ, the step ``x ← x + τ r(x)`` (for :func:`gd` by default ``1 / λ̂``, λ̂ the
+        estimate of ``λ_max(A)``).
     """
 
     x: da.Array
@@ -74,7 +75,6 @@ class GDResult:
     residuals: np.ndarray
     converged: np.ndarray
     step: float
-    top_eigenvalue: float = math.nan
 
 
 def top_eigenvalue(A: LinearOperator, *, steps: int = LANCZOS_STEPS,
@@ -115,7 +115,9 @@ def top_eigenvalue(A: LinearOperator, *, steps: int = LANCZOS_STEPS,
 
 def gd(A: LinearOperator, B: Any, *, step: float | None = None, tol: float = 1e-6,
        max_iter: int | None = None, callback: Callable[[int, np.ndarray], None] | None = None,
-       progress: bool = False, random_state: Any = None) -> GDResult:
+       progress: bool = False, random_state: Any = None,
+       checkpoint: str | os.PathLike[str] | None = None,
+       checkpoint_every: int = CHECKPOINT_EVERY) -> GDResult:
     """Solve ``A X = B`` (A symmetric positive definite) by gradient descent.
 
     .. math:: x \\leftarrow x + \\tau\\,(b - A x), \\qquad \\tau = 1 / \\lambda_{\\max}(A)
@@ -144,6 +146,12 @@ def gd(A: LinearOperator, B: Any, *, step: float | None = None, tol: float = 1e-
         Show a tqdm bar.
     random_state : int or numpy Generator, optional
         Seeds the Lanczos start of the step-size estimate.
+    checkpoint : str or os.PathLike, optional
+        A folder or fsspec URL where the iterate is saved every ``checkpoint_every``
+        iterations; calling ``gd`` again on the same problem resumes there (with the
+        saved step, no new estimate) and ends bitwise equal to an uninterrupted solve
+        (see :func:`dkern.solvers.cg`).
+    checkpoint_every : int, default=CHECKPOINT_EVERY (50)
 
     Returns
     -------
@@ -152,22 +160,28 @@ def gd(A: LinearOperator, B: Any, *, step: float | None = None, tol: float = 1e-
     square_operator(A, "alpha")
     Bd, one_column = _as_vectors(A, B, "B")
     (Bd,) = dask.persist(Bd)
-    lam = math.nan
-    if step is None:
+    tol = positive_number(tol, "tol", ", e.g. 1e-6")
+
+    def estimate() -> float:
         lam = top_eigenvalue(A, random_state=random_state)
-        step = 1.0 / lam
-    step = positive_number(step, "step", " (the gradient step τ)")
-    if not math.isnan(lam):
-        logger.info("gd: step τ = 1/λ_max = %.6g (λ_max(A) ≈ %.6g)", step, lam)
-    out = descend(lambda X: Bd - A.matvec(X), da.zeros_like(Bd), step=step, tol=tol,
-                  max_iter=max_iter, callback=callback, progress=progress)
+        logger.info("gd: step τ = 1/λ_max = %.6g (λ_max(A) ≈ %.6g)", 1 / lam, lam)
+        return 1.0 / lam
+
+    saved = None if checkpoint is None else Checkpoint(
+        checkpoint, checkpoint_every, {"data": Bd.name, "operator": A.matvec(Bd).name,
+                                       "settings": tokenize(tol, step, Bd.chunks, str(Bd.dtype))},
+        "gd")
+    out = descend(lambda X: Bd - A.matvec(X), da.zeros_like(Bd),
+                  step=estimate if step is None else step, tol=tol, max_iter=max_iter,
+                  callback=callback, progress=progress, checkpoint=saved)
     x = out.x[:, 0] if one_column else out.x
-    return GDResult(x, out.n_iter, out.residuals, out.converged, step, lam)
+    return GDResult(x, out.n_iter, out.residuals, out.converged, out.step)
 
 
-def descend(residual: Residual, X0: da.Array, *, step: float, tol: float = 1e-6,
-            max_iter: int | None = None, callback: Callable[[int, np.ndarray], None] | None = None,
-            progress: bool = False, name: str = "gd") -> GDResult:
+def descend(residual: Residual, X0: da.Array, *, step: float | Callable[[], float],
+            tol: float = 1e-6, max_iter: int | None = None,
+            callback: Callable[[int, np.ndarray], None] | None = None, progress: bool = False,
+            name: str = "gd", checkpoint: Checkpoint | None = None) -> GDResult:
     """Run ``x ← x + τ r(x)`` column by column until ``‖r(x)‖ ≤ tol ‖r(x₀)‖``.
 
     Parameters
@@ -177,23 +191,24 @@ def descend(residual: Residual, X0: da.Array, *, step: float, tol: float = 1e-6,
         (up to a positive factor) of a smooth objective.
     X0 : dask.array.Array of shape (n, t)
         Start.
-    step : float
-        τ > 0.
+    step : float or callable
+        τ > 0, or a function returning it (not called when resuming from a checkpoint,
+        which holds the step it was saved with).
     tol, max_iter, callback, progress
         As for :func:`gd`; a converged column stops moving.
     name : str
         Names the solver in messages and the log.
+    checkpoint : Checkpoint, optional
+        Saves ``X`` every ``checkpoint.every`` iterations and resumes from it.
 
     Returns
     -------
     GDResult
-        ``top_eigenvalue`` NaN.
     """
-    step = positive_number(step, "step", " (the gradient step τ)")
     tol = positive_number(tol, "tol", ", e.g. 1e-6")
     max_iter = GD_MAX_ITER if max_iter is None else integer(max_iter, "max_iter")
+    X, history, norm0, k, step = _start(X0, step, checkpoint)
     bar = progress_bar(max_iter, f"dkern {name}") if progress else None
-    X, history, norm0, k = X0, [], None, 0
     try:
         while True:
             with dask.annotate(dkern_iteration=k):
@@ -207,10 +222,14 @@ def descend(residual: Residual, X0: da.Array, *, step: float, tol: float = 1e-6,
                 break
             X = X + R * (step * active).astype(R.dtype)
             k += 1
+            if checkpoint is not None and checkpoint.due(k):
+                X = _save(checkpoint, X, history, {"iteration": k, "step": step, "norm0": norm0})
     finally:
         if bar is not None:
             bar.close()
     residuals = np.vstack(history)
+    if checkpoint is not None:
+        checkpoint.complete(residuals, {"iteration": k, "step": step, "norm0": norm0})
     converged = residuals[-1] <= tol
     if not converged.all():
         warnings.warn(f"{name} stopped after {k} iterations with {int((~converged).sum())} of "
@@ -221,6 +240,28 @@ def descend(residual: Residual, X0: da.Array, *, step: float, tol: float = 1e-6,
     logger.info("%s: %d iterations, largest relative residual %.3e", name, k,
                 residuals[-1].max())
     return GDResult(X, k, residuals, converged, step)
+
+
+def _start(X0: da.Array, step: float | Callable[[], float],
+           checkpoint: Checkpoint | None) -> tuple[da.Array, list[np.ndarray], Any, int, float]:
+    """Iterate, residual history, ‖r(x₀)‖ (None: not known yet), iteration and step to
+    start from: X0 and a fresh step, or the checkpoint's state."""
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is None:
+        tau = step() if callable(step) else step
+        return X0, [], None, 0, positive_number(tau, "step", " (the gradient step τ)")
+    assert checkpoint is not None
+    state = decode(saved, ["iteration", "step", "norm0"])
+    X = checkpoint.vectors(["X"], X0)["X"]
+    return X, list(checkpoint.history()), state["norm0"], state["iteration"], state["step"]
+
+
+def _save(checkpoint: Checkpoint, X: da.Array, history: list[np.ndarray],
+          state: dict[str, Any]) -> da.Array:
+    """Save the iterate and go on from the copy read back (cuts the lineage)."""
+    (X,) = dask.persist(X)
+    checkpoint.save({"X": X}, np.vstack(history), state)
+    return checkpoint.vectors(["X"], X)["X"]
 
 
 def _relative(rho: np.ndarray, norm0: np.ndarray | None, k: int,
