@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from . import io, kernels
 from ._version import __version__
-from .models import GaussianProcessClassifier, GaussianProcessRegressor, KernelRidge, load, save
+from .models import (
+    GaussianProcessClassifier,
+    GaussianProcessRegressor,
+    KernelLogisticRegression,
+    KernelRidge,
+    load,
+    save,
+)
 from .operators import gram
 from .runtime import connect
 
 __all__ = [
     "GaussianProcessClassifier", "GaussianProcessRegressor", "KernelRidge", "__version__",
     "connect", "gram", "io", "kernels", "load", "save",
+    "KernelLogisticRegression",
 ]

@@ -24,6 +24,7 @@ from ..solvers import (
     cg,
     exact_solve,
     falkon,
+    gd,
     select_centers,
 )
 from ..solvers.checkpoint import check_checkpoint
@@ -40,7 +41,7 @@ from ._validation import (
 
 logger = logging.getLogger(__name__)
 
-SOLVERS = ("auto", "exact", "cg", "nystrom")
+SOLVERS = ("auto", "exact", "cg", "nystrom", "gd")
 CENTERS = ("uniform", "leverage")
 #: Rank r of the Nyström preconditioner of ``solver="cg"``. It leaves CG a condition
 #: number of about ``(λ_{r+1} + alpha) / alpha`` (Frangella, Tropp & Udell 2023,
@@ -54,7 +55,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     """Kernel ridge regression on data larger than memory.
 
     With ``alpha`` exactly as in :class:`sklearn.kernel_ridge.KernelRidge`, the
-    ``"exact"`` and ``"cg"`` solvers find the dual coefficients ``c`` of
+    ``"exact"``, ``"cg"`` and ``"gd"`` solvers find the dual coefficients ``c`` of
 
     .. math:: (K + \\alpha I)\\, c = y, \\qquad \\hat f(x) = \\sum_i c_i\\, k(x, x_i),
 
@@ -78,41 +79,47 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         ``"rbf"`` with ``gamma = 1 / (2 l²)``.
     alpha : float, default=1.0
         Ridge penalty; > 0 (``>= 0`` for ``solver="exact"``).
-    solver : {"auto", "exact", "cg", "nystrom"}, default="auto"
+    solver : {"auto", "exact", "cg", "nystrom", "gd"}, default="auto"
         ``"exact"``: dense Cholesky (n <= ``dkern.solvers.EXACT_MAX_N``, in memory).
         ``"cg"``: CG on the lazy ``K + alpha I`` with a rank-``CG_PRECONDITIONER_RANK``
         Nyström preconditioner (randomly pivoted Cholesky). ``"nystrom"``: Falkon with M
-        centres, an approximation of the model (see above). ``"auto"`` never trades
-        accuracy: exact up to ``EXACT_MAX_N`` rows, ``"cg"`` above (the same solution,
-        to ``tol``); ``"nystrom"`` only when ``n_centers`` is given. It logs its choice
-        and the reason at INFO level.
+        centres, an approximation of the model (see above). ``"gd"``: kernelised gradient
+        descent (the seeds' representer-theorem learner), ``c ← c + τ (y − (K + αI) c)``
+        from ``c = 0`` with ``τ = 1 / λ_max(K + αI)`` estimated by 20 Lanczos steps
+        (:func:`dkern.solvers.gd`); the same solution as ``"cg"`` to ``tol`` but after about
+        ``κ ln(1/tol)`` iterations, ``κ = λ_max(K + αI) / α``, against CG's ``√κ``, so
+        ``"auto"`` never picks it. ``"auto"`` never trades accuracy: exact up to
+        ``EXACT_MAX_N`` rows, ``"cg"`` above (the same solution, to ``tol``);
+        ``"nystrom"`` only when ``n_centers`` is given. It logs its choice and the
+        reason at INFO level.
     n_centers : int, optional
         M for ``"nystrom"``; default ``round(√n)`` (see :func:`dkern.solvers.select_centers`).
         Giving it with ``solver="auto"`` asks for ``"nystrom"``.
     centers : {"uniform", "leverage"}, default="uniform"
         How centres are drawn: uniformly, or by approximate ridge leverage scores.
     tol : float, default=1e-6
-        Relative residual at which CG / Falkon stop (unused by ``"exact"``). For
+        Relative residual at which CG / Falkon / gd stop (unused by ``"exact"``). For
         ``"nystrom"``, ``tol`` and ``residuals_`` refer to the preconditioned system
         Falkon solves; the relative residual of the normal equations themselves,
         ``‖K_nmᵀy − (K_nmᵀK_nm + αK_mm)β‖ / ‖K_nmᵀy‖``, can be larger by up to the
         preconditioner's condition number (:func:`dkern.solvers.falkon` reports it as
         ``NystromResult.normal_residuals``).
     max_iter : int, optional
-        Iteration cap of CG / Falkon; default that of :func:`~dkern.solvers.cg` / ``falkon``.
+        Iteration cap of CG / Falkon / gd; default that of :func:`~dkern.solvers.cg` /
+        ``falkon`` / ``gd`` (10 000).
     backend : {"auto", "numpy", "keops"}, default="auto"
         How kernel blocks are computed.
     random_state : int, numpy Generator or RandomState, optional
-        Seeds centre selection and the preconditioner's pivots.
+        Seeds centre selection, the preconditioner's pivots and gd's Lanczos start.
     verbose : bool, default=False
         Show a progress bar of the CG / Falkon iterations (iteration, relative
         residual, elapsed time).
     checkpoint : str or os.PathLike, optional
-        A folder or fsspec URL (seen by the client and every worker) where ``"cg"`` and
-        ``"nystrom"`` save their solver state every ``checkpoint_every`` iterations; a
-        fit of the same problem resumes there (see :func:`dkern.solvers.cg`). Unused
-        by ``"exact"``. The finished fit's checkpoint is marked complete and kept;
-        delete it with :func:`dkern.solvers.remove_checkpoint`.
+        A folder or fsspec URL (seen by the client and every worker) where ``"cg"``,
+        ``"gd"`` and ``"nystrom"`` save their solver state every ``checkpoint_every``
+        iterations; a fit of the same problem resumes there (see
+        :func:`dkern.solvers.cg`). Unused by ``"exact"``. The finished fit's checkpoint
+        is marked complete and kept; delete it with :func:`dkern.solvers.remove_checkpoint`.
     checkpoint_every : int, default=dkern.solvers.CHECKPOINT_EVERY (50)
 
     Attributes
@@ -122,17 +129,18 @@ class KernelRidge(RegressorMixin, BaseEstimator):
     kernel_ : Kernel
         The kernel used (``kernel`` or the default).
     dual_coef_ : ndarray or dask.array.Array of shape (n,) or (n, t); (M,) or (M, t) for nystrom
-        ``c`` or ``β``. numpy, except for ``"cg"`` on dask/Zarr X, where the n-sized
+        ``c`` or ``β``. numpy, except for ``"cg"`` and ``"gd"`` on dask/Zarr X, where the n-sized
         solution stays on the cluster as a persisted dask array, chunked like X.
     X_fit_ : ndarray or dask.array.Array of shape (n, d)
-        ``"exact"`` and ``"cg"``: the training rows as given (numpy in memory; dask or
+        ``"exact"``, ``"cg"`` and ``"gd"``: the training rows as given (numpy in memory; dask or
         Zarr input as a lazy dask array, never loaded).
     centers_ : ndarray of shape (M, d)
         ``"nystrom"`` only: the centres.
     n_iter_ : int
         Solver iterations (1 for ``"exact"``: one direct solve).
     residuals_ : ndarray of shape (n_iter_ + 1, t) or None
-        Relative residual history of CG / Falkon (the last row recomputed); None for exact.
+        Relative residual history of CG / Falkon / gd (the last row recomputed); None for
+        exact.
     converged_ : bool
         Whether every target column reached ``tol`` (True for exact). False also when
         the solver stopped at the system's rounding floor above ``tol`` (with a
@@ -215,6 +223,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
             self._fit_exact(Xw, yw, alpha)
         elif solver == "cg":
             self._fit_cg(Xw, yw, alpha, tol, callback)
+        elif solver == "gd":
+            self._fit_gd(Xw, yw, alpha, tol, callback)
         else:
             self._fit_nystrom(Xw, yw, alpha, tol, callback)
         if solver != "nystrom":
@@ -294,6 +304,16 @@ class KernelRidge(RegressorMixin, BaseEstimator):
                     progress=bool(self.verbose), callback=callback,
                     checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
         # The only n-vector that leaves the cluster: the fitted coefficients, once.
+        self.dual_coef_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
+                           else result.x)
+        self.n_iter_, self.residuals_ = result.n_iter, result.residuals
+        self.converged_ = bool(result.converged.all())
+
+    def _fit_gd(self, X: Any, y: Any, alpha: float, tol: float, callback: Any) -> None:
+        A = gram(self.kernel_, X, backend=self.backend) + alpha  # K + alpha I, lazy
+        result = gd(A, y, tol=tol, max_iter=self.max_iter, callback=callback,
+                    progress=bool(self.verbose), random_state=as_generator(self.random_state),
+                    checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
         self.dual_coef_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
                            else result.x)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals

@@ -20,7 +20,8 @@ given (null for the default) and ``fitted_kernel`` its ``kernel_``; "fitted" add
 ``variance_``, ``log_marginal_likelihood_value_`` (null for NaN) and the target
 normalisation ``y_train_mean`` / ``y_train_std``. A ``GaussianProcessClassifier``
 stores ``X_fit``, ``y_train`` and ``pi`` and its labels in "fitted" (see
-:mod:`dkern.models._gpc_store`), never an n × n factor.
+:mod:`dkern.models._gpc_store`), never an n × n factor; a ``KernelLogisticRegression``
+``dual_coef``, ``X_fit``, ``residuals`` and its labels (:mod:`dkern.models._klr_store`).
 
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
@@ -45,9 +46,10 @@ from ..errors import DkernError, StoreError
 from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
-from . import _gp_sparse, _gpc_store
+from . import _gp_sparse, _gpc_store, _klr_store
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
+from .kernel_logistic import KernelLogisticRegression
 from .kernel_ridge import KernelRidge
 
 __all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
@@ -57,8 +59,10 @@ logger = logging.getLogger(__name__)
 #: Layout version of model stores; ``load`` refuses any other.
 MODEL_FORMAT = 1
 _MODELS = {"KernelRidge": KernelRidge, "GaussianProcessRegressor": GaussianProcessRegressor,
-           "GaussianProcessClassifier": GaussianProcessClassifier}
-Model = KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
+           "GaussianProcessClassifier": GaussianProcessClassifier,
+           "KernelLogisticRegression": KernelLogisticRegression}
+Model = (KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
+         | KernelLogisticRegression)
 _COMMON = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_"})
 #: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute, per model.
 _FITTED_NAMES = {
@@ -67,13 +71,14 @@ _FITTED_NAMES = {
         "variance_", "log_marginal_likelihood_value_", "y_train_mean", "y_train_std",
         "alpha_lazy", "X_train_lazy", "y_train_lazy"},
     "GaussianProcessClassifier": _gpc_store.FITTED_NAMES,
+    "KernelLogisticRegression": _klr_store.FITTED_NAMES,
 }
 #: The GP's "fitted" names that depend on the solver: training data, or SGPR's scalars.
 _GP_DATA = frozenset({"X_train_lazy", "y_train_lazy"})
 _GP_SPARSE = frozenset({"sgpr_trace", "sgpr_n", "sgpr_jitter"})
 #: The array that marks each model as fitted.
 _FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_",
-                 "GaussianProcessClassifier": "pi_"}
+                 "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_"}
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
 
 
@@ -82,7 +87,8 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
 
     Parameters
     ----------
-    model : KernelRidge, GaussianProcessRegressor or GaussianProcessClassifier
+    model : KernelRidge, GaussianProcessRegressor, GaussianProcessClassifier or
+            KernelLogisticRegression
         A fitted model. Lazy (dask/Zarr) training rows and coefficients are written
         chunk by chunk, never gathered on the client.
     url : str or os.PathLike
@@ -113,6 +119,8 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     check_can_save(url, overwrite=overwrite)
     if isinstance(model, GaussianProcessClassifier):
         arrays = _gpc_store.arrays(model)
+    elif isinstance(model, KernelLogisticRegression):
+        arrays = _klr_store.arrays(model)
     else:
         arrays = _gp_arrays(model) if is_gp else _krr_arrays(model)
     attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
@@ -181,6 +189,8 @@ def load(url: Url) -> Model:
         _restore_gp(model, url, fitted)
     elif isinstance(model, GaussianProcessClassifier):
         _gpc_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
+    elif isinstance(model, KernelLogisticRegression):
+        _klr_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
     else:
         _restore_krr(model, url, fitted)
     if "feature_names_in_" in fitted:
@@ -266,6 +276,8 @@ def _json_params(model: Model) -> dict[str, Any]:
 def _fitted_scalars(model: Model) -> dict[str, Any]:
     if isinstance(model, GaussianProcessClassifier):
         return _gpc_store.fitted(model)
+    if isinstance(model, KernelLogisticRegression):
+        return _klr_store.fitted(model)
     fitted: dict[str, Any] = {
         "solver_": model.solver_, "n_iter_": int(model.n_iter_),
         "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_)}

@@ -1,4 +1,5 @@
-"""Solvers for kernel systems: block CG with preconditioners, Falkon, and dense Cholesky.
+"""Solvers for kernel systems: block CG with preconditioners, Falkon, gradient descent and
+dense Cholesky.
 
 Every solver sees the kernel matrix only through lazy operators over dask row
 chunks; vectors of length n stay on the cluster.
@@ -11,6 +12,7 @@ from .cg import CGResult, cg
 from .checkpoint import CHECKPOINT_EVERY, remove_checkpoint
 from .exact import EXACT_MAX_N, exact_solve
 from .falkon import NystromResult, falkon
+from .gd import GDResult, descend, gd, top_eigenvalue
 from .lanczos import LanczosResult, lanczos_decomposition, lanczos_predict
 from .monitor import SolveMonitor
 from .preconditioners import FalkonPreconditioner, JacobiPreconditioner, NystromPreconditioner
@@ -23,10 +25,11 @@ from .sgpr import (
 )
 
 __all__ = [
-    "CHECKPOINT_EVERY", "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "JacobiPreconditioner",
+    "CHECKPOINT_EVERY", "EXACT_MAX_N", "CGResult", "FalkonPreconditioner", "GDResult",
+    "JacobiPreconditioner",
     "LanczosResult",
     "NystromPreconditioner", "NystromResult", "SGPRStatistics", "SolveMonitor",
-    "cg", "exact_solve", "falkon", "lanczos_decomposition", "lanczos_predict",
+    "cg", "descend", "exact_solve", "falkon", "gd", "lanczos_decomposition", "lanczos_predict",
     "remove_checkpoint", "select_centers",
-    "sgpr_bound", "sgpr_bound_gradient", "sgpr_predict", "sgpr_statistics",
+    "sgpr_bound", "sgpr_bound_gradient", "sgpr_predict", "sgpr_statistics", "top_eigenvalue",
 ]

@@ -1,0 +1,68 @@
+"""The ``KernelLogisticRegression``'s part of a model file (see :mod:`dkern.models.persist`).
+
+Arrays: ``dual_coef`` (β, (n,) or (n, n_classes)), ``X_fit`` (the training rows; lazy
+ones are written chunk by chunk) and ``residuals``. "fitted" holds ``classes_`` as a
+JSON list with its numpy dtype (``classes_dtype``), so string, integer, float and
+boolean labels load as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from ..errors import DkernError
+from .kernel_logistic import KernelLogisticRegression
+
+#: What :func:`fitted` writes and ``load`` accepts in the "fitted" attribute.
+FITTED_NAMES = frozenset({
+    "solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_", "classes_",
+    "classes_dtype", "dual_coef_lazy", "X_fit_lazy"})
+#: Label dtypes whose values survive a JSON round trip exactly (by ``dtype.kind``).
+_JSON_KINDS = "biufU"
+
+
+def arrays(model: KernelLogisticRegression) -> dict[str, Any]:
+    """The arrays of the model file."""
+    return {"dual_coef": model.dual_coef_, "X_fit": model.X_fit_, "residuals": model.residuals_}
+
+
+def fitted(model: KernelLogisticRegression) -> dict[str, Any]:
+    """The fitted scalars (JSON), ``classes_`` among them.
+
+    Raises
+    ------
+    DkernError
+        The labels are not numbers, booleans or strings (they could not be restored).
+    """
+    classes = model.classes_
+    values = classes.tolist()
+    if not (classes.dtype.kind in _JSON_KINDS
+            or (classes.dtype.kind == "O" and all(isinstance(v, str) for v in values))):
+        raise DkernError(f"cannot save a KernelLogisticRegression whose classes_ have dtype "
+                         f"{classes.dtype} ({values[:3]!r}...): a model file stores the labels "
+                         "as JSON, which keeps numbers, booleans and strings only. Encode the "
+                         "labels as strings or integers and refit.")
+    out = {"solver_": model.solver_, "n_iter_": int(model.n_iter_),
+           "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_),
+           "classes_": values, "classes_dtype": classes.dtype.str,
+           "dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
+           "X_fit_lazy": isinstance(model.X_fit_, da.Array)}
+    if hasattr(model, "feature_names_in_"):
+        out["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
+    return out
+
+
+def restore(model: KernelLogisticRegression, fitted: dict[str, Any],
+            read: Callable[[str, bool], Any]) -> None:
+    """Set the fitted arrays and ``classes_``; pop their entries from ``fitted``.
+
+    ``read(name, lazy)`` opens an array of the store (dask if ``lazy``, else numpy).
+    """
+    model.dual_coef_ = read("dual_coef", fitted.pop("dual_coef_lazy"))
+    model.X_fit_ = read("X_fit", fitted.pop("X_fit_lazy"))
+    model.residuals_ = read("residuals", False)
+    model.classes_ = np.asarray(fitted.pop("classes_"), dtype=np.dtype(fitted.pop("classes_dtype")))

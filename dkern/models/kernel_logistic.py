@@ -1,0 +1,262 @@
+"""Kernel logistic regression as a scikit-learn classifier over the lazy Gram operator."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from scipy.special import expit
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils import assert_all_finite, column_or_1d
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+from .._failures import worker_failures
+from ..errors import ConvergenceWarning
+from ..io import as_rows, is_lazy
+from ..kernels import Gaussian, Kernel
+from ..operators import gram
+from . import _klr
+from ._validation import (
+    as_generator,
+    check_alpha,
+    check_choice,
+    check_optional_int,
+    check_tol,
+    check_X,
+    checked_kernel,
+)
+
+logger = logging.getLogger(__name__)
+
+SOLVERS = ("newton-cg", "gd")
+
+
+class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
+    """Kernel logistic regression (no intercept), binary and one-vs-rest, on data larger
+    than memory.
+
+    With ``ỹ = ±1`` the labels of a binary problem and ``f = Kβ`` the training scores,
+    ``fit`` finds the dual coefficients β of
+
+    .. math:: \\min_\\beta\\ \\frac1n \\sum_i \\log\\bigl(1 + e^{-\\tilde y_i (K\\beta)_i}\\bigr)
+              + \\frac\\alpha2\\, \\beta^\\top K \\beta, \\qquad
+              \\hat f(x) = \\sum_i \\beta_i\\, k(x, x_i),\\quad P(+1 \\mid x) = \\sigma(\\hat f(x)).
+
+    With ``kernel=Linear()`` this is :class:`sklearn.linear_model.LogisticRegression`
+    with ``fit_intercept=False`` and ``C = 1 / (n · alpha)`` (``w = Xᵀβ``). More than two
+    classes are fitted one-vs-rest (each class against the others, all in one pass over
+    the data per iteration) with probabilities normalised to sum to one, as
+    :class:`sklearn.multiclass.OneVsRestClassifier`. The solvers and the stopping rule
+    are derived in :mod:`dkern.models._klr`. Kernel values and coefficients are float64.
+
+    Parameters
+    ----------
+    kernel : dkern kernel, optional
+        Default ``Gaussian(1.0)``.
+    alpha : float, default=1.0
+        Weight of the penalty ``α/2 βᵀKβ``; > 0.
+    solver : {"newton-cg", "gd"}, default="newton-cg"
+        ``"newton-cg"``: Newton's method in function space, each step's SPD system solved
+        by CG on the lazy Gram operator, with a step-halving line search: a few Newton
+        steps. ``"gd"``: the seeds' kernelised gradient descent with the step
+        ``1 / L`` (L from 20 Lanczos steps): about ``κ ln(1/tol)`` iterations,
+        ``κ = 1 + λ_max(K) / (4 n alpha)``, one Gram matvec each.
+    tol : float, default=1e-6
+        A problem stops when ``‖nαβ + σ(Kβ) − t‖ ≤ tol · ‖t − ½‖`` (its gradient,
+        relative to that at β = 0; t the 0/1 targets).
+    max_iter : int, optional
+        Newton steps (default 100) or gd iterations (default 10 000) at most.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How kernel blocks are computed.
+    random_state : int, numpy Generator or RandomState, optional
+        Seeds gd's Lanczos start.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+    kernel_ : Kernel
+    dual_coef_ : ndarray or dask.array.Array of shape (n,) or (n, n_classes)
+        β: one column per class for one-vs-rest, one vector for two classes (the
+        problem of ``classes_[1]`` against ``classes_[0]``). A persisted dask array
+        chunked like X for dask or Zarr X.
+    X_fit_ : ndarray or dask.array.Array of shape (n, d)
+        The training rows (dask or Zarr input as a lazy dask array, never loaded).
+    solver_ : str
+    n_iter_ : int
+        Newton steps or gd iterations (all problems run together).
+    residuals_ : ndarray of shape (n_iter_ + 1, n_problems)
+        The relative stationarity residuals (see ``tol``).
+    converged_ : bool
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when X was a DataFrame with string column names.
+    """
+
+    classes_: np.ndarray
+    kernel_: Kernel
+    dual_coef_: np.ndarray | da.Array
+    X_fit_: np.ndarray | da.Array
+    solver_: str
+    n_iter_: int
+    residuals_: np.ndarray
+    converged_: bool
+    n_features_in_: int
+
+    def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1.0,
+                 solver: str = "newton-cg", tol: float = 1e-6, max_iter: int | None = None,
+                 backend: str = "auto", random_state: Any = None) -> None:
+        self.kernel = kernel
+        self.alpha = alpha
+        self.solver = solver
+        self.tol = tol
+        self.max_iter = max_iter
+        self.backend = backend
+        self.random_state = random_state
+
+    @worker_failures()
+    def fit(self, X: Any, y: Any, *,
+            callback: Callable[[int, np.ndarray], None] | None = None) -> KernelLogisticRegression:
+        """Fit the model.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
+            Training rows; dask and Zarr input is never loaded whole.
+        y : array-like, dask array, zarr.Array or (url, path), shape (n,)
+            Class labels (any sortable values), at least two classes; read into memory.
+        callback : callable, optional
+            ``callback(iteration, relative_residuals)`` after each Newton step / gd
+            iteration, e.g. a :class:`dkern.solvers.SolveMonitor`.
+
+        Returns
+        -------
+        self
+        """
+        kernel = checked_kernel(self.kernel, Gaussian(1.0))
+        solver = check_choice(self.solver, "solver", SOLVERS)
+        alpha = check_alpha(self.alpha, solver, role="the weight of the penalty α/2 βᵀKβ")
+        tol = check_tol(self.tol)
+        max_iter = check_optional_int(self.max_iter, "max_iter", 1)
+        Xv = check_X(self, X, reset=True)
+        labels = _labels(y, Xv.shape[0])
+        self.classes_, codes = np.unique(labels, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError(f"KernelLogisticRegression needs labels of at least 2 classes in y; "
+                             f"got 1 class (only {self.classes_[0]!r} is present). Pass labels "
+                             "of two or more classes.")
+        out = self._solve(kernel, Xv, codes, solver, alpha, tol, max_iter, callback)
+        beta = out.beta[:, 0] if len(self.classes_) == 2 else out.beta
+        self.dual_coef_ = np.ascontiguousarray(beta.compute()) if isinstance(Xv, np.ndarray) \
+            else beta  # the only n-vectors that leave the cluster: numpy input's, once
+        self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        self.kernel_, self.solver_ = kernel, solver
+        self.n_iter_, self.residuals_ = out.n_iter, out.residuals
+        self.converged_ = bool(out.converged.all())
+        if not self.converged_ and solver == "newton-cg":
+            warnings.warn(f"KernelLogisticRegression: Newton stopped at max_iter={out.n_iter} "
+                          f"with a relative stationarity residual {out.residuals[-1].max():.2e}"
+                          f" > tol={tol:g}; raise max_iter or loosen tol.",
+                          ConvergenceWarning, stacklevel=2)
+        logger.info("KernelLogisticRegression: solver=%s, %d iterations, converged=%s", solver,
+                    self.n_iter_, self.converged_)
+        return self
+
+    def _solve(self, kernel: Kernel, X: Any, codes: np.ndarray, solver: str, alpha: float,
+               tol: float, max_iter: int | None, callback: Any) -> _klr.KlrFit:
+        """Every binary problem's β, side by side as the columns of one solve."""
+        Xw = X if X.dtype == np.float64 else X.astype(np.float64)
+        K = gram(kernel, Xw, backend=self.backend, name="dkern-klr-matvec")
+        T = _targets(codes, len(self.classes_), K.col_chunks)
+        nalpha = X.shape[0] * alpha
+        if solver == "newton-cg":
+            return _klr.newton_cg(K, T, nalpha, tol=tol, max_iter=max_iter, callback=callback)
+        return _klr.gradient_descent(K, T, nalpha, tol=tol, max_iter=max_iter,
+                                     random_state=as_generator(self.random_state),
+                                     callback=callback)
+
+    @worker_failures()
+    def decision_function(self, X: Any) -> Any:
+        """The scores ``K(X, X_fit_) @ dual_coef_`` (the log-odds of each problem).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m,) (two classes: positive means ``classes_[1]``) or
+        (m, n_classes); a lazy dask array for dask or Zarr X.
+        """
+        check_is_fitted(self, "dual_coef_")
+        Xv = check_X(self, X, reset=False)
+        scores = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend, dtype=np.float64,
+                      name="dkern-predict") @ self.dual_coef_
+        return scores.compute() if isinstance(Xv, np.ndarray) else scores
+
+    def predict_proba(self, X: Any) -> Any:
+        """Class probabilities, columns in the order of ``classes_``.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m, n_classes); a lazy dask array for dask or Zarr X.
+        """
+        scores = self.decision_function(X)
+        lib = da if isinstance(scores, da.Array) else np
+        p = _sigmoid(scores)
+        if scores.ndim == 1:
+            return lib.stack([1 - p, p], axis=1)
+        return p / p.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
+
+    def predict(self, X: Any) -> Any:
+        """The most probable class (two classes: ``classes_[1]`` where the score is > 0).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m,), values from ``classes_``; lazy for dask or Zarr X.
+        """
+        scores = self.decision_function(X)
+        index = (scores > 0).astype(np.intp) if scores.ndim == 1 else scores.argmax(axis=1)
+        if isinstance(index, da.Array):
+            return da.map_blocks(self.classes_.take, index, dtype=self.classes_.dtype)
+        return self.classes_[index]
+
+
+def _sigmoid(scores: Any) -> Any:
+    return _klr.sigmoid(scores) if isinstance(scores, da.Array) else expit(scores)
+
+
+def _targets(codes: np.ndarray, n_classes: int, chunks: tuple[int, ...]) -> da.Array:
+    """0/1 targets (n, t): the problem of ``classes_[1]`` for two classes, else each class
+    against the rest; chunked like the Gram operator's columns."""
+    ks = [1] if n_classes == 2 else range(n_classes)
+    T = np.column_stack([(codes == k).astype(np.float64) for k in ks])
+    return da.from_array(T, chunks=(chunks, -1))
+
+
+def _labels(y: Any, n_rows: int) -> np.ndarray:
+    """Class labels as a 1-D numpy array of length ``n_rows`` (dask/Zarr labels are read)."""
+    if y is None:
+        raise ValueError("KernelLogisticRegression requires y to be passed, but the target y is "
+                         "None. Pass the class labels, shape (n_samples,).")
+    yv = as_rows(y, name="y", ndim=(1, 2)).compute() if is_lazy(y) else y
+    yv = column_or_1d(yv, warn=True)
+    if yv.dtype.kind in "fc":
+        assert_all_finite(yv, input_name="y")
+    check_classification_targets(yv)
+    if yv.shape[0] != n_rows:
+        raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one label per "
+                         "sample of X.")
+    return yv
