@@ -1,0 +1,69 @@
+"""The classic toolbox's passes over the data, as block functions on :func:`pairwise_reduce`.
+
+=============================  =====================================  ====================
+pass                           block on (queries_i, training_j)       combined over j
+=============================  =====================================  ====================
+kernel sums (KDE, N–W)         log-scaled ``Σ k``, ``Σ k t``           rescale to common max
+k nearest neighbours           top-k by (distance, index)             merge top-k
+=============================  =====================================  ====================
+
+Each returns a lazy dask array chunked like the queries; the training rows are read
+chunk by chunk and never gathered.
+"""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+
+from ..backends.neighbors import merge_neighbors, nearest_block
+from ..backends.smoothing import merge_log_sums, weighted_log_sums_block
+from ..kernels import Kernel
+from .pairwise import Operand, pairwise_reduce
+
+__all__ = ["kernel_log_sums", "nearest_neighbors"]
+
+
+def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | None = None, *,
+                    kernel: Kernel | None = None, box_width: float | None = None,
+                    scale: float = 1.0, name: str) -> da.Array:
+    """``[m, s₀, s₁ … s_T]`` per query row: ``Σₙ k = e^m s₀`` and ``Σₙ k tₙⱼ = e^m sⱼ``.
+
+    Parameters
+    ----------
+    queries : dask.array.Array of shape (q, d)
+    training : dask.array.Array of shape (n, d)
+    targets : dask.array.Array of shape (n, T), optional
+        Chunked like ``training``'s rows.
+    kernel, box_width, scale
+        As :func:`dkern.backends.smoothing.weighted_log_sums_block`.
+    name : str
+        The dashboard's task prefix, e.g. ``"dkern-kde"``.
+
+    Returns
+    -------
+    dask.array.Array of shape (q, 2 + T), float64
+    """
+    operands: list[Operand] = [] if targets is None else [(targets, "cols")]
+    width = 2 + (0 if targets is None else targets.shape[1])
+    return pairwise_reduce(weighted_log_sums_block, queries, training, operands, over="cols",
+                           width=width, name=name, combine=merge_log_sums,
+                           labels=("X", "X_fit"), kernel=kernel, box_width=box_width,
+                           scale=float(scale))
+
+
+def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
+                      name: str = "dkern-knn") -> tuple[da.Array, da.Array]:
+    """The k nearest training rows of every query row (Euclidean; ties to the lower index).
+
+    Returns
+    -------
+    distances : dask.array.Array of shape (q, k), float64
+        Exact distances, ascending.
+    indices : dask.array.Array of shape (q, k), int64
+    """
+    index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.float64)[:, None]
+    packed = pairwise_reduce(nearest_block, queries, training, [(index, "cols")], over="cols",
+                             width=2 * k, name=name, combine=merge_neighbors,
+                             labels=("X", "X_fit"), k=int(k))
+    return np.sqrt(packed[:, :k]), packed[:, k:].astype(np.int64)
