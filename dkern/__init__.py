@@ -12,8 +12,12 @@ from ._version import __version__
 from .models import (
     GaussianProcessClassifier,
     GaussianProcessRegressor,
+    KernelDensity,
     KernelLogisticRegression,
     KernelRidge,
+    KNeighborsClassifier,
+    KNeighborsRegressor,
+    NadarayaWatson,
     load,
     save,
 )
@@ -21,7 +25,8 @@ from .operators import gram
 from .runtime import connect
 
 __all__ = [
-    "GaussianProcessClassifier", "GaussianProcessRegressor", "KernelRidge", "__version__",
+    "GaussianProcessClassifier", "GaussianProcessRegressor", "KNeighborsClassifier",
+    "KNeighborsRegressor", "KernelDensity", "KernelLogisticRegression", "KernelRidge",
+    "NadarayaWatson", "__version__",
     "connect", "gram", "io", "kernels", "load", "save",
-    "KernelLogisticRegression",
 ]

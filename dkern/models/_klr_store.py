@@ -38,17 +38,9 @@ def fitted(model: KernelLogisticRegression) -> dict[str, Any]:
     DkernError
         The labels are not numbers, booleans or strings (they could not be restored).
     """
-    classes = model.classes_
-    values = classes.tolist()
-    if not (classes.dtype.kind in _JSON_KINDS
-            or (classes.dtype.kind == "O" and all(isinstance(v, str) for v in values))):
-        raise DkernError(f"cannot save a KernelLogisticRegression whose classes_ have dtype "
-                         f"{classes.dtype} ({values[:3]!r}...): a model file stores the labels "
-                         "as JSON, which keeps numbers, booleans and strings only. Encode the "
-                         "labels as strings or integers and refit.")
     out = {"solver_": model.solver_, "n_iter_": int(model.n_iter_),
            "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_),
-           "classes_": values, "classes_dtype": classes.dtype.str,
+           **encode_classes(model.classes_, "KernelLogisticRegression"),
            "dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
            "X_fit_lazy": isinstance(model.X_fit_, da.Array)}
     if hasattr(model, "feature_names_in_"):
@@ -65,4 +57,27 @@ def restore(model: KernelLogisticRegression, fitted: dict[str, Any],
     model.dual_coef_ = read("dual_coef", fitted.pop("dual_coef_lazy"))
     model.X_fit_ = read("X_fit", fitted.pop("X_fit_lazy"))
     model.residuals_ = read("residuals", False)
-    model.classes_ = np.asarray(fitted.pop("classes_"), dtype=np.dtype(fitted.pop("classes_dtype")))
+    model.classes_ = decode_classes(fitted)
+
+
+def encode_classes(classes: np.ndarray, owner: str) -> dict[str, Any]:
+    """``classes_`` as JSON: ``{"classes_": [...], "classes_dtype": "<i8"}``.
+
+    Raises
+    ------
+    DkernError
+        The labels are not numbers, booleans or strings (they could not be restored).
+    """
+    values = classes.tolist()
+    if not (classes.dtype.kind in _JSON_KINDS
+            or (classes.dtype.kind == "O" and all(isinstance(v, str) for v in values))):
+        raise DkernError(f"cannot save a {owner} whose classes_ have dtype {classes.dtype} "
+                         f"({values[:3]!r}...): a model file stores the labels as JSON, which "
+                         "keeps numbers, booleans and strings only. Encode the labels as "
+                         "strings or integers and refit.")
+    return {"classes_": values, "classes_dtype": classes.dtype.str}
+
+
+def decode_classes(fitted: dict[str, Any]) -> np.ndarray:
+    """The labels :func:`encode_classes` wrote; pops their entries from ``fitted``."""
+    return np.asarray(fitted.pop("classes_"), dtype=np.dtype(fitted.pop("classes_dtype")))

@@ -14,6 +14,8 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from sklearn.utils import assert_all_finite, column_or_1d
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from ..io import as_rows, is_lazy
@@ -51,6 +53,22 @@ def check_y(y: Any, n_rows: int, owner: str) -> np.ndarray | da.Array:
     if yv.shape[0] != n_rows:
         raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one target row "
                          "per sample of X.")
+    return yv
+
+
+def check_labels(y: Any, n_rows: int, owner: str) -> np.ndarray:
+    """Class labels as a 1-D numpy array of length ``n_rows`` (dask/Zarr labels are read)."""
+    if y is None:
+        raise ValueError(f"{owner} requires y to be passed, but the target y is None. Pass "
+                         "the class labels, shape (n_samples,).")
+    yv = as_rows(y, name="y", ndim=(1, 2)).compute() if is_lazy(y) else y
+    yv = column_or_1d(yv, warn=True)
+    if yv.dtype.kind in "fc":
+        assert_all_finite(yv, input_name="y")
+    check_classification_targets(yv)
+    if yv.shape[0] != n_rows:
+        raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one label per "
+                         "sample of X.")
     return yv
 
 

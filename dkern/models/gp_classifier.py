@@ -9,11 +9,9 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils import assert_all_finite, check_random_state, column_or_1d
-from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from ..io import as_rows, is_lazy
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N
@@ -21,6 +19,7 @@ from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
 from ._validation import (
     check_choice,
+    check_labels,
     check_optional_int,
     check_tol,
     check_X,
@@ -160,7 +159,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         """
         kernel = self._check_params()
         Xv = check_X(self, X, reset=True)
-        labels = _labels(y, Xv.shape[0])
+        labels = check_labels(y, Xv.shape[0], "GaussianProcessClassifier")
         self.classes_, codes = np.unique(labels, return_inverse=True)
         self.n_classes_ = len(self.classes_)
         self._check_classes()
@@ -371,19 +370,3 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
     def _pis(self) -> list[Any]:
         return [self.pi_] if self.pi_.ndim == 1 else [self.pi_[:, k]
                                                       for k in range(self.pi_.shape[1])]
-
-
-def _labels(y: Any, n_rows: int) -> np.ndarray:
-    """Class labels as a 1-D numpy array of length ``n_rows`` (dask/Zarr labels are read)."""
-    if y is None:
-        raise ValueError("GaussianProcessClassifier requires y to be passed, but the target y is "
-                         "None. Pass the class labels, shape (n_samples,).")
-    yv = as_rows(y, name="y", ndim=(1, 2)).compute() if is_lazy(y) else y
-    yv = column_or_1d(yv, warn=True)
-    if yv.dtype.kind in "fc":
-        assert_all_finite(yv, input_name="y")
-    check_classification_targets(yv)
-    if yv.shape[0] != n_rows:
-        raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one label per "
-                         "sample of X.")
-    return yv

@@ -11,13 +11,10 @@ import dask.array as da
 import numpy as np
 from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils import assert_all_finite, column_or_1d
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..errors import ConvergenceWarning
-from ..io import as_rows, is_lazy
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from . import _klr
@@ -25,6 +22,7 @@ from ._validation import (
     as_generator,
     check_alpha,
     check_choice,
+    check_labels,
     check_optional_int,
     check_tol,
     check_X,
@@ -143,7 +141,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
         tol = check_tol(self.tol)
         max_iter = check_optional_int(self.max_iter, "max_iter", 1)
         Xv = check_X(self, X, reset=True)
-        labels = _labels(y, Xv.shape[0])
+        labels = check_labels(y, Xv.shape[0], "KernelLogisticRegression")
         self.classes_, codes = np.unique(labels, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(f"KernelLogisticRegression needs labels of at least 2 classes in y; "
@@ -244,19 +242,3 @@ def _targets(codes: np.ndarray, n_classes: int, chunks: tuple[int, ...]) -> da.A
     ks = [1] if n_classes == 2 else range(n_classes)
     T = np.column_stack([(codes == k).astype(np.float64) for k in ks])
     return da.from_array(T, chunks=(chunks, -1))
-
-
-def _labels(y: Any, n_rows: int) -> np.ndarray:
-    """Class labels as a 1-D numpy array of length ``n_rows`` (dask/Zarr labels are read)."""
-    if y is None:
-        raise ValueError("KernelLogisticRegression requires y to be passed, but the target y is "
-                         "None. Pass the class labels, shape (n_samples,).")
-    yv = as_rows(y, name="y", ndim=(1, 2)).compute() if is_lazy(y) else y
-    yv = column_or_1d(yv, warn=True)
-    if yv.dtype.kind in "fc":
-        assert_all_finite(yv, input_name="y")
-    check_classification_targets(yv)
-    if yv.shape[0] != n_rows:
-        raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one label per "
-                         "sample of X.")
-    return yv

@@ -21,7 +21,9 @@ given (null for the default) and ``fitted_kernel`` its ``kernel_``; "fitted" add
 normalisation ``y_train_mean`` / ``y_train_std``. A ``GaussianProcessClassifier``
 stores ``X_fit``, ``y_train`` and ``pi`` and its labels in "fitted" (see
 :mod:`dkern.models._gpc_store`), never an n × n factor; a ``KernelLogisticRegression``
-``dual_coef``, ``X_fit``, ``residuals`` and its labels (:mod:`dkern.models._klr_store`).
+``dual_coef``, ``X_fit``, ``residuals`` and its labels (:mod:`dkern.models._klr_store`);
+the memory-based ``KernelDensity``, ``NadarayaWatson`` and ``KNeighbors*`` their training
+data (:mod:`dkern.models._toolbox_store`).
 
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
@@ -46,11 +48,14 @@ from ..errors import DkernError, StoreError
 from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
-from . import _gp_sparse, _gpc_store, _klr_store
+from . import _gp_sparse, _gpc_store, _klr_store, _toolbox_store
+from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
 from .kernel_logistic import KernelLogisticRegression
 from .kernel_ridge import KernelRidge
+from .nadaraya_watson import NadarayaWatson
+from .neighbors import KNeighborsClassifier, KNeighborsRegressor
 
 __all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
 
@@ -60,9 +65,12 @@ logger = logging.getLogger(__name__)
 MODEL_FORMAT = 1
 _MODELS = {"KernelRidge": KernelRidge, "GaussianProcessRegressor": GaussianProcessRegressor,
            "GaussianProcessClassifier": GaussianProcessClassifier,
-           "KernelLogisticRegression": KernelLogisticRegression}
+           "KernelLogisticRegression": KernelLogisticRegression, "KernelDensity": KernelDensity,
+           "NadarayaWatson": NadarayaWatson, "KNeighborsRegressor": KNeighborsRegressor,
+           "KNeighborsClassifier": KNeighborsClassifier}
 Model = (KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
-         | KernelLogisticRegression)
+         | KernelLogisticRegression | KernelDensity | NadarayaWatson | KNeighborsRegressor
+         | KNeighborsClassifier)
 _COMMON = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_"})
 #: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute, per model.
 _FITTED_NAMES = {
@@ -72,13 +80,15 @@ _FITTED_NAMES = {
         "alpha_lazy", "X_train_lazy", "y_train_lazy"},
     "GaussianProcessClassifier": _gpc_store.FITTED_NAMES,
     "KernelLogisticRegression": _klr_store.FITTED_NAMES,
+    **_toolbox_store.FITTED_NAMES,
 }
 #: The GP's "fitted" names that depend on the solver: training data, or SGPR's scalars.
 _GP_DATA = frozenset({"X_train_lazy", "y_train_lazy"})
 _GP_SPARSE = frozenset({"sgpr_trace", "sgpr_n", "sgpr_jitter"})
 #: The array that marks each model as fitted.
 _FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_",
-                 "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_"}
+                 "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_",
+                 **_toolbox_store.FITTED_ARRAY}
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
 
 
@@ -87,9 +97,10 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
 
     Parameters
     ----------
-    model : KernelRidge, GaussianProcessRegressor, GaussianProcessClassifier or
-            KernelLogisticRegression
-        A fitted model. Lazy (dask/Zarr) training rows and coefficients are written
+    model : a fitted dkern estimator
+        KernelRidge, GaussianProcessRegressor, GaussianProcessClassifier,
+        KernelLogisticRegression, KernelDensity, NadarayaWatson, KNeighborsRegressor or
+        KNeighborsClassifier. Lazy (dask/Zarr) training rows and coefficients are written
         chunk by chunk, never gathered on the client.
     url : str or os.PathLike
         A local path or fsspec URL; the model is the store's top-level group.
@@ -114,6 +125,14 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     kind = type(model).__name__
     check_is_fitted(model, _FITTED_ARRAY[kind])
     url = os.fspath(url)
+    if kind in _toolbox_store.FITTED_NAMES:  # the memory-based models: their training data
+        check_can_save(url, overwrite=overwrite)
+        write_arrays(url, _toolbox_store.arrays(model), overwrite=overwrite, replace_all=True,
+                     attrs={"dkern_model": kind, "format": MODEL_FORMAT,
+                            "dkern_version": __version__,
+                            **_toolbox_store.attrs(model, _kernel_text)})
+        logger.info("saved %s to %r", kind, url)
+        return
     kernel_text = _fitted_kernel_text(model.kernel_)
     is_gp = isinstance(model, GaussianProcessRegressor | GaussianProcessClassifier)
     check_can_save(url, overwrite=overwrite)
@@ -165,7 +184,7 @@ def load(url: Url) -> Model:
 
     Returns
     -------
-    KernelRidge, GaussianProcessRegressor or GaussianProcessClassifier
+    a dkern estimator (any that :func:`save` takes)
         Fitted; its predictions equal the saved model's. Arrays that were lazy when
         saved (dask/Zarr training rows, cg's dask coefficients) come back as lazy dask
         arrays reading this store; the others are loaded into memory.
@@ -179,6 +198,12 @@ def load(url: Url) -> Model:
     """
     url = os.fspath(url)
     attrs = _model_attrs(url)
+    if attrs["dkern_model"] in _toolbox_store.FITTED_NAMES:
+        fitted = _checked_fitted(url, attrs)
+        model = _toolbox_store.restore(_MODELS[attrs["dkern_model"]], attrs, fitted,
+                                       lambda name, lazy: _read(url, name, lazy=lazy))
+        _set_fitted(model, fitted)
+        return model
     given = None if attrs["kernel_is_default"] else from_repr(attrs["kernel"])
     model = _MODELS[attrs["dkern_model"]](kernel=given, **attrs["params"])
     fitted = _checked_fitted(url, attrs)
@@ -193,11 +218,16 @@ def load(url: Url) -> Model:
         _klr_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
     else:
         _restore_krr(model, url, fitted)
+    _set_fitted(model, fitted)
+    return model
+
+
+def _set_fitted(model: Model, fitted: dict[str, Any]) -> None:
+    """Set the fitted scalars ``_checked_fitted`` let through."""
     if "feature_names_in_" in fitted:
         fitted["feature_names_in_"] = np.asarray(fitted["feature_names_in_"], dtype=object)
     for name, value in fitted.items():
         setattr(model, name, value)
-    return model
 
 
 def _restore_krr(model: KernelRidge, url: str, fitted: dict[str, Any]) -> None:

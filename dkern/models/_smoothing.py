@@ -1,0 +1,64 @@
+"""What kernel density estimation and Nadaraya–Watson share: the kernel argument, the
+bandwidth, and the pass over the training rows
+(:func:`dkern.operators.reductions.kernel_log_sums`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from ..kernels import Gaussian, Kernel
+from ..operators import data_rows
+from ..operators.reductions import kernel_log_sums
+from ._validation import finite_number
+
+#: The kernels named by a string: the Gaussian and the seeds' hypercube (box).
+NAMED_KERNELS = ("gaussian", "box")
+
+
+def check_bandwidth(bandwidth: Any) -> float:
+    """``bandwidth`` as a float > 0."""
+    value = finite_number(bandwidth)
+    if value is None or value <= 0:
+        raise ValueError(f"bandwidth must be a finite number > 0 (the kernel's width h); got "
+                         f"{bandwidth!r}. Use e.g. bandwidth=0.5, or choose it with "
+                         "GridSearchCV.")
+    return value
+
+
+def smoothing_kernel(kernel: Any, *, any_kernel: bool) -> tuple[Kernel | None, bool]:
+    """(the dkern kernel, is_box) for ``kernel="gaussian"``, ``"box"`` or a dkern kernel.
+
+    ``any_kernel=False`` accepts only a dkern ``Gaussian`` among kernel objects (a density
+    needs the kernel's normalising constant).
+    """
+    if isinstance(kernel, str) and kernel in NAMED_KERNELS:
+        return (None, True) if kernel == "box" else (Gaussian(1.0), False)
+    if isinstance(kernel, Kernel) and (any_kernel or type(kernel) is Gaussian):
+        return kernel, False
+    allowed = "'gaussian', 'box' or a dkern kernel with non-negative values" if any_kernel \
+        else "'gaussian', 'box' or a dkern Gaussian (its lengthscale in units of the bandwidth)"
+    raise ValueError(f"kernel must be {allowed}; got {kernel!r}.")
+
+
+def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel | None,
+             box: bool, bandwidth: float, name: str) -> da.Array:
+    """The pass over the training rows: ``[m, s₀, s₁ … s_T]`` per query row, lazily.
+
+    Weights are ``k((x − xₙ)/h)``: the box kernel of side 1 or ``kernel`` on rows divided
+    by the bandwidth h.
+    """
+    Q, X = data_rows(queries, name="X"), data_rows(training, name="X_fit")
+    T = None
+    if targets is not None:
+        T = targets if isinstance(targets, da.Array) else da.from_array(targets)
+        T = T.reshape(T.shape[0], -1).astype(np.float64).rechunk((X.chunks[0], -1))
+    return kernel_log_sums(Q, X, T, kernel=kernel, box_width=1.0 if box else None,
+                           scale=bandwidth, name=name)
+
+
+def finish(result: da.Array, lazy: bool) -> Any:
+    """A numpy result for in-memory queries, the dask array for lazy ones."""
+    return result if lazy else result.compute()

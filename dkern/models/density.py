@@ -1,0 +1,160 @@
+"""Parzen kernel density estimation as a scikit-learn estimator over the row chunks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+from .._failures import worker_failures
+from ..io import is_lazy
+from ..kernels import Gaussian, Kernel
+from ..solvers.sampling import gather_rows
+from . import _smoothing
+from ._validation import as_generator, check_X, in_memory
+
+logger = logging.getLogger(__name__)
+
+
+class KernelDensity(BaseEstimator):
+    """Parzen kernel density estimation on data larger than memory.
+
+    The density of the N training rows xₙ (D features) at x is the seeds' Parzen estimate
+
+    .. math:: p(x) = \\frac1N \\sum_{n=1}^N \\frac1{h^D}\\, k\\Bigl(\\frac{x - x_n}{h}\\Bigr),
+
+    with k normalised to integrate to 1, so p does too. ``score_samples`` returns
+    ``log p(x)`` by a log-sum-exp over the training rows, read chunk by chunk: no
+    underflow to ``-inf`` far from the data with the Gaussian kernel.
+
+    Kernels: ``"gaussian"``, ``k(u) = (2π)^{-D/2} exp(-‖u‖²/2)``, equal to
+    :class:`sklearn.neighbors.KernelDensity` with ``kernel="gaussian"`` and the same
+    bandwidth; ``"box"``, the seeds' hypercube ``k(u) = 1`` where every ``|uᵢ| ≤ 1/2``
+    (side h, volume h^D), else 0 — scikit-learn's ``"tophat"`` is instead a ball of radius
+    h, so they agree in one dimension only, dkern's box of bandwidth 2h being
+    scikit-learn's tophat of bandwidth h; a dkern ``Gaussian(lengthscale=ℓ)`` (ARD allowed),
+    the normal density of covariance ``diag(h²ℓ²)``.
+
+    Parameters
+    ----------
+    kernel : {"gaussian", "box"} or dkern Gaussian, default="gaussian"
+    bandwidth : float, default=1.0
+        h > 0.
+
+    Attributes
+    ----------
+    X_fit_ : ndarray or dask.array.Array of shape (N, D)
+        The training rows as given (numpy in memory; dask or Zarr rows stay lazy).
+    log_norm_ : float
+        ``log p(x) = log Σₙ κ((x − xₙ)/h) + log_norm_`` with κ the kernel without its
+        constant (``exp(−‖u‖²/2ℓ²)``, or the box's 1): ``−log N − log(h^D ∫κ)``.
+    n_features_in_ : int
+    """
+
+    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0) -> None:
+        self.kernel = kernel
+        self.bandwidth = bandwidth
+
+    def fit(self, X: Any, y: Any = None) -> KernelDensity:
+        """Keep the training rows (nothing is computed until a density is asked for).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (N, D)
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self
+        """
+        h = _smoothing.check_bandwidth(self.bandwidth)
+        kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
+        Xv = check_X(self, X, reset=True)
+        n, d = Xv.shape
+        if box:
+            volume = d * np.log(h)
+        else:
+            ell = _lengthscales(kernel, d)
+            volume = d / 2 * np.log(2 * np.pi) + np.log(h * ell).sum()
+        self.log_norm_ = float(-np.log(n) - volume)
+        self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        logger.info("KernelDensity: %d rows, %d features, %s kernel, bandwidth %g", n, d,
+                    "box" if box else "Gaussian", h)
+        return self
+
+    @worker_failures()
+    def score_samples(self, X: Any) -> Any:
+        """The log-density ``log p(x)`` of each row of X.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, D)
+
+        Returns
+        -------
+        ndarray of shape (m,); a lazy dask array for dask or Zarr X
+            ``-inf`` where the density is 0 (the box kernel, no training row in reach).
+        """
+        check_is_fitted(self, "log_norm_")
+        Xv = check_X(self, X, reset=False)
+        kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
+        sums = _smoothing.log_sums(Xv, self.X_fit_, kernel=kernel, box=box,
+                                   bandwidth=float(self.bandwidth), name="dkern-kde")
+        logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
+                             dtype=np.float64, meta=np.empty(0))
+        return _smoothing.finish(logp, is_lazy(X))
+
+    def score(self, X: Any, y: Any = None) -> float:
+        """The total log-likelihood ``Σ log p(x)`` of the rows of X (as scikit-learn's).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, D)
+        y : None
+            Ignored.
+        """
+        logp = self.score_samples(X)
+        return float(logp.sum().compute() if isinstance(logp, da.Array) else logp.sum())
+
+    def sample(self, n_samples: int = 1, random_state: Any = None) -> np.ndarray:
+        """Draw from the density: a random training row plus a draw from the kernel.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+        random_state : int, numpy Generator or RandomState, optional
+
+        Returns
+        -------
+        ndarray of shape (n_samples, D)
+        """
+        check_is_fitted(self, "log_norm_")
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) \
+                or n_samples < 1:
+            raise ValueError(f"n_samples must be an integer >= 1; got {n_samples!r}.")
+        rng = as_generator(random_state)
+        kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
+        idx = rng.integers(self.X_fit_.shape[0], size=int(n_samples))
+        rows = (gather_rows(self.X_fit_, idx) if isinstance(self.X_fit_, da.Array)
+                else in_memory(self.X_fit_)[idx])
+        h, shape = float(self.bandwidth), rows.shape
+        if box:
+            return rows + h * rng.uniform(-0.5, 0.5, size=shape)
+        return rows + h * _lengthscales(kernel, shape[1]) * rng.standard_normal(size=shape)
+
+
+def _lengthscales(kernel: Kernel | None, d: int) -> np.ndarray:
+    """The Gaussian's lengthscale per feature: ``h·ℓ`` is the kernel's standard deviation."""
+    assert isinstance(kernel, Gaussian)
+    return np.broadcast_to(np.asarray(kernel.lengthscale, dtype=np.float64), (d,))
+
+
+def _log_density(sums: np.ndarray, offset: float) -> np.ndarray:
+    """``m + log s₀ + offset`` per row of the log-scaled sums; ``-inf`` where s₀ = 0."""
+    with np.errstate(divide="ignore"):
+        return sums[:, 0] + np.log(sums[:, 1]) + offset

@@ -1,0 +1,124 @@
+"""Nadaraya–Watson kernel regression as a scikit-learn estimator over the row chunks."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted
+
+from .._failures import worker_failures
+from ..io import is_lazy
+from . import _smoothing
+from ._validation import check_X, check_y
+
+logger = logging.getLogger(__name__)
+
+
+class NadarayaWatson(RegressorMixin, BaseEstimator):
+    """Nadaraya–Watson kernel regression on data larger than memory.
+
+    The prediction at x is the kernel-weighted mean of the training targets, as the seeds
+    derive it from a Parzen estimate of the joint density of (x, t):
+
+    .. math:: y(x) = \\frac{\\sum_n k\\bigl((x - x_n)/h\\bigr)\\, t_n}
+                          {\\sum_m k\\bigl((x - x_m)/h\\bigr)}.
+
+    The sums are taken in log-scaled form (a softmax-weighted mean), one pass over the
+    training rows chunk by chunk: with the Gaussian kernel the prediction stays finite
+    and equal to the targets' softmax-weighted mean at any distance from the data (no
+    0/0). Where no training row is within a kernel's reach — the box kernel, or weights
+    that underflow to 0 for a non-Gaussian kernel — the prediction is NaN, deliberately:
+    no number would be right there. For in-memory X ``predict`` also warns with how many
+    rows got NaN; for lazy X the NaN rows are the signal.
+
+    Parameters
+    ----------
+    kernel : {"gaussian", "box"} or dkern kernel, default="gaussian"
+        ``"gaussian"``: ``exp(−‖u‖²/2)``; ``"box"``: the hypercube of side 1 (all
+        ``|uᵢ| ≤ 1/2``); a dkern kernel ``k(x/h, xₙ/h)`` with non-negative values (a
+        dkern ``Gaussian``, ARD included, is taken in the log domain like ``"gaussian"``).
+    bandwidth : float, default=1.0
+        h > 0: rows are divided by it before the kernel.
+
+    Attributes
+    ----------
+    X_fit_ : ndarray or dask.array.Array of shape (n, d)
+        The training rows as given (numpy in memory; dask or Zarr rows stay lazy).
+    y_fit_ : ndarray or dask.array.Array of shape (n,) or (n, T)
+        The training targets, likewise.
+    n_features_in_ : int
+    """
+
+    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0) -> None:
+        self.kernel = kernel
+        self.bandwidth = bandwidth
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def fit(self, X: Any, y: Any) -> NadarayaWatson:
+        """Keep the training rows and targets (nothing is computed until ``predict``).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
+        y : array-like, dask array, zarr.Array or (url, path), shape (n,) or (n, T)
+
+        Returns
+        -------
+        self
+        """
+        _smoothing.check_bandwidth(self.bandwidth)
+        _smoothing.smoothing_kernel(self.kernel, any_kernel=True)
+        Xv = check_X(self, X, reset=True)
+        self.y_fit_ = check_y(y, Xv.shape[0], "NadarayaWatson")
+        self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        return self
+
+    @worker_failures()
+    def predict(self, X: Any) -> Any:
+        """The kernel-weighted mean of the training targets at each row of X.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m,) or (m, T); a lazy dask array for dask or Zarr X
+            NaN where no training row is within the kernel's reach.
+        """
+        check_is_fitted(self, "y_fit_")
+        Xv = check_X(self, X, reset=False)
+        kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=True)
+        sums = _smoothing.log_sums(Xv, self.X_fit_, self.y_fit_, kernel=kernel, box=box,
+                                   bandwidth=float(self.bandwidth), name="dkern-nw")
+        pred = da.map_blocks(_weighted_mean, sums, dtype=np.float64,
+                             chunks=(sums.chunks[0], (sums.shape[1] - 2,)))
+        if self.y_fit_.ndim == 1:
+            pred = pred[:, 0]
+        if is_lazy(X):
+            return pred
+        out = pred.compute()
+        missing = int(np.isnan(out.reshape(len(out), -1)[:, 0]).sum())
+        if missing:
+            warnings.warn(f"NadarayaWatson: {missing} of {len(out)} rows of X have no training "
+                          f"row within the kernel's reach (all weights 0); their predictions "
+                          f"are NaN. Widen the bandwidth (now {self.bandwidth}) or use the "
+                          "Gaussian kernel.", RuntimeWarning, stacklevel=2)
+        return out
+
+
+def _weighted_mean(sums: np.ndarray) -> np.ndarray:
+    """``Σ k t / Σ k`` per row of the log-scaled sums ``[m, s₀, s₁ … s_T]``; NaN where s₀ = 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = sums[:, 2:] / sums[:, 1:2]
+    out[sums[:, 1] == 0] = np.nan
+    return out

@@ -1,0 +1,241 @@
+"""Exact k-nearest-neighbour classification and regression over the row chunks."""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils.validation import check_is_fitted
+
+from .._failures import worker_failures
+from ..operators import data_rows
+from ..operators.reductions import nearest_neighbors
+from ._validation import check_choice, check_labels, check_X, check_y, in_memory
+
+WEIGHTS = ("uniform", "distance")
+
+
+class _Neighbors(BaseEstimator):
+    """Exact Euclidean k-nearest neighbours: per-chunk top-k merged across chunks.
+
+    Of training rows at the same distance the lower index comes first (in every
+    chunking); distances are exact for the indices returned (see
+    :mod:`dkern.backends.neighbors`).
+    """
+
+    def __init__(self, n_neighbors: int = 5, *, weights: str = "uniform") -> None:
+        self.n_neighbors = n_neighbors
+        self.weights = weights
+
+    def _fit_rows(self, X: Any) -> np.ndarray | da.Array:
+        _check_k(self.n_neighbors)
+        check_choice(self.weights, "weights", WEIGHTS)
+        Xv = check_X(self, X, reset=True)
+        self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        self.n_samples_fit_ = int(Xv.shape[0])
+        return Xv
+
+    @worker_failures()
+    def kneighbors(self, X: Any = None, n_neighbors: int | None = None,
+                   return_distance: bool = True) -> Any:
+        """The nearest training rows of each row of X.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d), optional
+            None: the training rows, each without itself (as scikit-learn).
+        n_neighbors : int, optional
+            Default ``self.n_neighbors``.
+        return_distance : bool, default=True
+
+        Returns
+        -------
+        distances : ndarray of shape (m, k), float64 (if ``return_distance``)
+            Ascending, exact.
+        indices : ndarray of shape (m, k), int64
+            Rows of ``X_fit_``. Lazy dask arrays for dask or Zarr X.
+        """
+        check_is_fitted(self, "X_fit_")
+        k = _check_k(self.n_neighbors if n_neighbors is None else n_neighbors)
+        itself = X is None
+        Xv = self.X_fit_ if itself else check_X(self, X, reset=False)
+        if k + itself > self.n_samples_fit_:
+            raise ValueError(f"Expected n_neighbors <= n_samples_fit, but n_neighbors = "
+                             f"{k + itself}, n_samples_fit = {self.n_samples_fit_}"
+                             f"{' (the query is the training data itself)' if itself else ''}."
+                             " Ask for fewer neighbours.")
+        dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
+                                      data_rows(self.X_fit_, name="X_fit"), k + itself)
+        if itself:
+            rows = da.arange(ind.shape[0], chunks=ind.chunks[0])[:, None]
+            dist, ind = _drop_self(dist, ind, rows)
+        out = (dist, ind) if return_distance else (ind,)
+        if not isinstance(Xv, da.Array):
+            out = tuple(a.compute() for a in out)
+        return out if return_distance else out[0]
+
+    def _neighbour_weights(self, X: Any) -> tuple[Any, Any]:
+        """(indices, weights) of each row's neighbours; weights as scikit-learn's."""
+        dist, ind = self.kneighbors(X)
+        lib = da if isinstance(ind, da.Array) else np
+        if self.weights == "uniform":
+            return ind, lib.ones_like(dist)
+        return ind, (dist.map_blocks(_inverse_distance) if lib is da else _inverse_distance(dist))
+
+
+class KNeighborsRegressor(RegressorMixin, _Neighbors):
+    """k-nearest-neighbour regression: the (optionally distance-weighted) mean of the
+    neighbours' targets.
+
+    Parameters
+    ----------
+    n_neighbors : int, default=5
+    weights : {"uniform", "distance"}, default="uniform"
+        ``"distance"``: weights ``1/d``; a query at distance 0 from training rows takes
+        the mean of those rows' targets (as scikit-learn).
+
+    Attributes
+    ----------
+    X_fit_ : ndarray or dask.array.Array of shape (n, d)
+        The training rows as given (dask or Zarr rows stay lazy, read chunk by chunk).
+    y_fit_ : ndarray of shape (n,) or (n, T)
+        The targets, held in memory (n values: a neighbour's target is looked up).
+    n_samples_fit_, n_features_in_ : int
+    """
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def fit(self, X: Any, y: Any) -> KNeighborsRegressor:
+        """Keep the training rows and targets (no index to build: search is exhaustive).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
+        y : array-like, dask array, zarr.Array or (url, path), shape (n,) or (n, T)
+
+        Returns
+        -------
+        self
+        """
+        Xv = self._fit_rows(X)
+        self.y_fit_ = in_memory(check_y(y, Xv.shape[0], "KNeighborsRegressor"))
+        return self
+
+    def predict(self, X: Any) -> Any:
+        """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T)."""
+        check_is_fitted(self, "y_fit_")
+        ind, w = self._neighbour_weights(X)
+        y2 = self.y_fit_.reshape(len(self.y_fit_), -1)
+        if isinstance(ind, da.Array):
+            pred = da.map_blocks(_weighted_mean, ind, w, y=y2, dtype=np.float64,
+                                 chunks=(ind.chunks[0], (y2.shape[1],)))
+        else:
+            pred = _weighted_mean(ind, w, y=y2)
+        return pred[:, 0] if self.y_fit_.ndim == 1 else pred
+
+
+class KNeighborsClassifier(ClassifierMixin, _Neighbors):
+    """k-nearest-neighbour classification: the (optionally distance-weighted) majority
+    vote of the neighbours; a tied vote goes to the class first in ``classes_`` (as
+    scikit-learn).
+
+    Parameters
+    ----------
+    n_neighbors : int, default=5
+    weights : {"uniform", "distance"}, default="uniform"
+        ``"distance"``: votes weighted ``1/d``; a query at distance 0 from training rows
+        takes those rows' votes only (as scikit-learn).
+
+    Attributes
+    ----------
+    X_fit_ : ndarray or dask.array.Array of shape (n, d)
+        The training rows as given (dask or Zarr rows stay lazy, read chunk by chunk).
+    classes_ : ndarray of shape (n_classes,)
+    y_codes_ : ndarray of shape (n,)
+        Each training row's index into ``classes_``, held in memory.
+    n_samples_fit_, n_features_in_ : int
+    """
+
+    def fit(self, X: Any, y: Any) -> KNeighborsClassifier:
+        """Keep the training rows and labels.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (n, d)
+        y : array-like of shape (n,)
+            Class labels.
+
+        Returns
+        -------
+        self
+        """
+        Xv = self._fit_rows(X)
+        labels = check_labels(y, Xv.shape[0], "KNeighborsClassifier")
+        self.classes_, self.y_codes_ = np.unique(labels, return_inverse=True)
+        return self
+
+    def predict_proba(self, X: Any) -> Any:
+        """The neighbours' (weighted) vote shares; shape (m, n_classes), columns as ``classes_``."""
+        check_is_fitted(self, "y_codes_")
+        ind, w = self._neighbour_weights(X)
+        n_classes = len(self.classes_)
+        if isinstance(ind, da.Array):
+            return da.map_blocks(_vote_shares, ind, w, codes=self.y_codes_, n_classes=n_classes,
+                                 dtype=np.float64, chunks=(ind.chunks[0], (n_classes,)))
+        return _vote_shares(ind, w, codes=self.y_codes_, n_classes=n_classes)
+
+    def predict(self, X: Any) -> Any:
+        """The class with the largest vote share per row of X; shape (m,)."""
+        shares = self.predict_proba(X)
+        winner = shares.argmax(axis=1)
+        if isinstance(winner, da.Array):
+            return da.map_blocks(self.classes_.take, winner, dtype=self.classes_.dtype)
+        return self.classes_[winner]
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
+        raise ValueError(f"n_neighbors must be an integer >= 1; got {k!r}.")
+    return int(k)
+
+
+def _drop_self(dist: da.Array, ind: da.Array, rows: da.Array) -> tuple[da.Array, da.Array]:
+    """Remove each training row from its own k + 1 neighbours (the first if it is absent,
+    as scikit-learn does when more than k rows duplicate it)."""
+    keep = ind != rows
+    keep = da.where(keep.all(axis=1, keepdims=True), da.arange(ind.shape[1]) > 0, keep)
+    k = ind.shape[1] - 1
+    return tuple(da.map_blocks(_compress, a, keep, k=k, dtype=a.dtype, chunks=(a.chunks[0], (k,)))
+                 for a in (dist, ind))
+
+
+def _compress(a: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:
+    return a[keep].reshape(len(a), k)
+
+
+def _inverse_distance(dist: np.ndarray) -> np.ndarray:
+    """Weights ``1/d``; rows with a neighbour at distance 0 weigh those neighbours 1, others 0."""
+    with np.errstate(divide="ignore"):
+        w = 1.0 / dist
+    exact = np.isinf(w).any(axis=1)
+    w[exact] = np.isinf(w[exact])
+    return w
+
+
+def _weighted_mean(ind: np.ndarray, w: np.ndarray, *, y: np.ndarray) -> np.ndarray:
+    """``Σ w y[ind] / Σ w`` per row; shape (m, T)."""
+    return np.einsum("mk,mkt->mt", w, y[ind]) / w.sum(axis=1, keepdims=True)
+
+
+def _vote_shares(ind: np.ndarray, w: np.ndarray, *, codes: np.ndarray,
+                 n_classes: int) -> np.ndarray:
+    """Each class's share of the weighted votes per row; shape (m, n_classes)."""
+    votes = np.zeros((len(ind), n_classes))
+    np.add.at(votes, (np.arange(len(ind))[:, None], codes[ind]), w)
+    return votes / votes.sum(axis=1, keepdims=True)

@@ -1,0 +1,147 @@
+"""Exact k-nearest neighbours against scikit-learn's brute force and dense numpy.
+
+Real data: scikit-learn's bundled handwritten digits (1,797 rows of 64 integer pixel
+intensities 0–16): squared distances are integers, so many neighbours tie exactly,
+which tests the tie rule (lower index first) rather than avoiding it.
+"""
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.neighbors import KNeighborsClassifier as SklearnKNC
+from sklearn.neighbors import KNeighborsRegressor as SklearnKNR
+from sklearn.neighbors import NearestNeighbors
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import dkern
+from dkern import KNeighborsClassifier, KNeighborsRegressor
+from dkern.io import write_array
+
+
+@pytest.fixture(autouse=True)
+def _sync(sync_scheduler):
+    """Every test here runs on dask's synchronous scheduler (no cluster needed)."""
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """Digits split 1,500 / 297, the training rows in a Zarr store of 10 chunks."""
+    data = load_digits()
+    X, y = data.data.astype(np.float64), data.target
+    url = str(tmp_path_factory.mktemp("digits") / "digits.zarr")
+    write_array(X[:1500], url, "X", chunk_rows=150)
+    write_array(y[:1500].astype(np.float64), url, "y", chunk_rows=150)
+    return X[:1500], y[:1500], X[1500:], y[1500:], url
+
+
+def _exact_order(X, Q, k):
+    """Indices of the k nearest rows by (exact squared distance, index), and the distances."""
+    D = ((Q[:, None, :] - X[None]) ** 2).sum(-1)
+    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    return np.sqrt(np.take_along_axis(D, order, 1)), order
+
+
+def test_kneighbors_from_zarr_equal_sklearn_brute_force_up_to_ties(digits):
+    X, _, Q, _, url = digits
+    k = 10
+    dist, ind = KNeighborsRegressor(n_neighbors=k).fit((url, "X"), (url, "y")).kneighbors(Q)
+    assert isinstance(dist, np.ndarray) and ind.dtype == np.int64
+    ref_dist, ref_ind = _exact_order(X, Q, k)
+    np.testing.assert_array_equal(ind, ref_ind)  # exactly, ties to the lower index
+    np.testing.assert_array_equal(dist, ref_dist)  # the true distances of those indices
+    s_dist, s_ind = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(X).kneighbors(Q)
+    np.testing.assert_allclose(dist, s_dist, rtol=1e-12)
+    # scikit-learn orders rows at equal distance arbitrarily: its indices equal ours as sets
+    # of rows strictly nearer than the k-th distance, and at the k-th distance are tied rows
+    strict = dist < dist[:, -1:]
+    for row in range(len(Q)):
+        assert set(ind[row][strict[row]]) == set(s_ind[row][strict[row]])
+        tied = s_ind[row][~strict[row]]
+        kth = ((X[ind[row, -1]] - Q[row]) ** 2).sum()
+        np.testing.assert_array_equal(((X[tied] - Q[row]) ** 2).sum(1), kth)
+    assert (~strict).sum() > len(Q), "the digits should have ties at the k-th distance"
+
+
+def test_near_neighbours_are_ordered_by_their_exact_distances():
+    """Rows 1e-7 apart around a point far from the origin: ‖x‖² + ‖z‖² − 2xᵀz cancels to
+    noise there (scikit-learn's brute force, which uses it, orders all 20 rows' neighbours
+    wrongly); the refined candidates are ordered by their exact distances."""
+    rng = np.random.default_rng(0)
+    centre = np.full(5, 1e4)
+    X = centre + 1e-7 * rng.normal(size=(400, 5))
+    Q = centre + 1e-7 * rng.normal(size=(20, 5))
+    dist, ind = KNeighborsRegressor(n_neighbors=4).fit(
+        da.from_array(X, chunks=50), np.zeros(400)).kneighbors(Q)
+    ref_dist, ref_ind = _exact_order(X, Q, 4)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_array_equal(dist, ref_dist)
+
+
+def test_classifier_and_regressor_equal_sklearn_on_real_data(digits):
+    X, y, Q, yq, url = digits
+    for weights in ("uniform", "distance"):
+        ours = KNeighborsClassifier(n_neighbors=7, weights=weights).fit((url, "X"), y)
+        theirs = SklearnKNC(n_neighbors=7, weights=weights, algorithm="brute").fit(X, y)
+        np.testing.assert_allclose(ours.predict_proba(Q), theirs.predict_proba(Q), atol=1e-12)
+        np.testing.assert_array_equal(ours.predict(Q), theirs.predict(Q))
+        assert ours.score(Q, yq) == theirs.score(Q, yq) > 0.9
+        reg = KNeighborsRegressor(n_neighbors=7, weights=weights).fit((url, "X"), (url, "y"))
+        ref = SklearnKNR(n_neighbors=7, weights=weights, algorithm="brute").fit(X, y)
+        np.testing.assert_allclose(reg.predict(Q), ref.predict(Q), rtol=1e-12)
+
+
+def test_without_queries_each_training_row_is_not_its_own_neighbour(digits):
+    X, y, _, _, _ = digits
+    dist, ind = KNeighborsRegressor(n_neighbors=3).fit(X[:300], y[:300]).kneighbors()
+    s_dist, s_ind = NearestNeighbors(n_neighbors=3, algorithm="brute").fit(X[:300]).kneighbors()
+    np.testing.assert_allclose(dist, s_dist, rtol=1e-12)
+    assert not (ind == np.arange(300)[:, None]).any()
+
+
+def test_lazy_queries_give_lazy_results_equal_to_in_memory(digits):
+    X, y, Q, _, url = digits
+    model = KNeighborsClassifier(n_neighbors=5).fit((url, "X"), y)
+    lazy = model.predict_proba(da.from_array(Q, chunks=100))
+    assert isinstance(lazy, da.Array)
+    np.testing.assert_array_equal(lazy.compute(), model.predict_proba(Q))
+    np.testing.assert_array_equal(model.predict(da.from_array(Q, chunks=100)).compute(),
+                                  model.predict(Q))
+
+
+@pytest.mark.parametrize("model", [KNeighborsClassifier(n_neighbors=4, weights="distance"),
+                                   KNeighborsRegressor(n_neighbors=3)])
+def test_save_and_load_round_trip(tmp_path, digits, model):
+    X, y, Q, _, url = digits
+    labels = np.array(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
+                       "nine"])[y] if isinstance(model, KNeighborsClassifier) else y
+    fitted = model.fit((url, "X"), labels)
+    dkern.save(fitted, tmp_path / "m.zarr")
+    loaded = dkern.load(tmp_path / "m.zarr")
+    assert type(loaded) is type(model) and loaded.get_params() == model.get_params()
+    assert isinstance(loaded.X_fit_, da.Array)  # lazy rows stay lazy
+    np.testing.assert_array_equal(loaded.predict(Q), fitted.predict(Q))
+
+
+def test_bad_input_names_the_argument(digits):
+    X, y, Q, _, _ = digits
+    with pytest.raises(ValueError, match="n_neighbors must be an integer >= 1; got 0"):
+        KNeighborsClassifier(n_neighbors=0).fit(X, y)
+    with pytest.raises(ValueError, match="n_neighbors <= n_samples_fit, but n_neighbors = 11"):
+        KNeighborsRegressor(n_neighbors=11).fit(X[:10], y[:10]).predict(Q)
+    with pytest.raises(ValueError, match="weights must be one of"):
+        KNeighborsRegressor(weights="gaussian").fit(X, y)
+    with pytest.raises(ValueError, match="X has 3 features, but KNeighborsClassifier is "
+                                         "expecting 64"):
+        KNeighborsClassifier().fit(X, y).predict(Q[:, :3])
+    with pytest.raises(ValueError, match="0 sample"):
+        KNeighborsClassifier().fit(X[:0], y[:0])
+    with pytest.raises(ValueError, match="Unknown label type"):
+        KNeighborsClassifier().fit(X, y + 0.5)
+
+
+@parametrize_with_checks([KNeighborsRegressor(), KNeighborsClassifier()])
+def test_sklearn_estimator_checks(estimator, check):
+    with dask.config.set(scheduler="synchronous"):
+        check(estimator)
