@@ -49,7 +49,7 @@ def readme_snippets():
 @pytest.mark.distributed
 def test_readme_snippets_run_as_scripts(tmp_path):
     snippets = readme_snippets()
-    assert len(snippets) == 3, "update this test with the README's snippets"
+    assert len(snippets) == 4, "update this test with the README's snippets"
     for old in SCALED:
         assert any(old in code for code in snippets), f"{old!r} is no longer in the README"
     outputs = []
@@ -87,6 +87,17 @@ def test_readme_snippets_run_as_scripts(tmp_path):
     assert np.all(np.isfinite(std)) and np.all((std >= 0) & (std <= 1 + 1e-12))
     rmse = np.sqrt(np.mean((mean - truth) ** 2))
     assert rmse < 0.8 * np.sqrt(np.mean(truth**2)) and f"GP test RMSE {rmse:.4f}" in outputs[2]
+    # fourth snippet: the toolbox's figures, recomputed densely from the store's arrays
+    Q, t, y = X_test[:2000], truth[:2000], open_array(store, "y").compute()
+    D = sum((Q[:, j, None] - X[None, :, j]) ** 2 for j in range(X.shape[1]))  # (2000, n)
+    L = -D / (2 * 0.5**2)
+    top = L.max(1, keepdims=True)
+    logp = (top[:, 0] + np.log(np.exp(L - top).sum(1)) - np.log(len(X))
+            - X.shape[1] * np.log(np.sqrt(2 * np.pi) * 0.5))
+    W = np.exp(L - top)
+    nw_rmse = np.sqrt(np.mean((W @ y / W.sum(1) - t) ** 2))
+    assert (f"mean log-density {logp.mean():.3f}, Nadaraya-Watson RMSE {nw_rmse:.4f}, "
+            f"mean nearest distance {np.sqrt(D.min(1)).mean():.4f}") in outputs[3]
 
 
 #: Examples with a test of their own below, which also checks what they write.
