@@ -25,9 +25,9 @@ __all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "nearest_block"]
 
 #: The index of an empty slot (fewer than k rows seen): sorts after every real index.
 PAD_INDEX = float(2**53)
-#: Tile of query rows × training rows: its 2 MiB of approximate distances can stay in a
-#: core's L2 cache through the product, the row minima and the comparison.
-TILE = (128, 2048)
+#: Tile of query rows × training rows (4 MiB of float32 approximate distances): the fastest
+#: of the shapes tried from 128 × 2048 to 2048 × 1024 (benchmarks/RESULTS.md, toolbox).
+TILE = (1024, 1024)
 #: Squared norms up to this select candidates in float32 (its range ends at 3.4e38).
 FLOAT32_SAFE = 1e30
 #: Bound on the error of ``‖x‖² + ‖z‖² − 2xᵀz − threshold`` (one augmented product) in units
@@ -57,51 +57,70 @@ def nearest_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, k: int) ->
     x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
     best_sq = np.full((len(x), k), np.inf)
     best_idx = np.full((len(x), k), PAD_INDEX)
+    if len(z) == 0:
+        return np.hstack([best_sq, best_idx])
+    xa, za, delta = _augmented(x, z)
     tile_rows, tile_cols = TILE
     with single_threaded_blas():
         for j0 in range(0, len(z), tile_cols):
-            zt, it = z[j0:j0 + tile_cols], index[j0:j0 + tile_cols, 0]
+            zt, zat = z[j0:j0 + tile_cols], np.ascontiguousarray(za[j0:j0 + tile_cols].T)
             for i0 in range(0, len(x), tile_rows):
-                xt = x[i0:i0 + tile_rows]
-                rows, cols = _candidates(xt, zt, k, best_sq[i0:i0 + tile_rows, k - 1])
-                exact = np.square(xt[rows] - zt[cols]).sum(axis=1)
-                n = len(xt)
-                keep = np.repeat(np.arange(n), k)
-                sq, idx = best_k(np.concatenate([keep, rows]),
-                                 np.concatenate([best_sq[i0:i0 + n].ravel(), exact]),
-                                 np.concatenate([best_idx[i0:i0 + n].ravel(), it[cols]]), n, k)
-                best_sq[i0:i0 + n], best_idx[i0:i0 + n] = sq, idx
+                part = slice(i0, i0 + tile_rows)
+                rows, cols = _candidates(xa[part], zat, delta[part], best_sq[part, k - 1], k)
+                if len(rows) == 0:
+                    continue
+                hit, rows = np.unique(rows, return_inverse=True)  # merge these rows only
+                exact = np.square(x[i0 + hit[rows]] - zt[cols]).sum(axis=1)
+                mine = np.repeat(np.arange(len(hit)), k)
+                at = i0 + hit
+                best_sq[at], best_idx[at] = best_k(
+                    np.concatenate([mine, rows]),
+                    np.concatenate([best_sq[at].ravel(), exact]),
+                    np.concatenate([best_idx[at].ravel(), index[j0 + cols, 0]]), len(hit), k)
     return np.hstack([best_sq, best_idx])
 
 
-def _candidates(x: np.ndarray, z: np.ndarray, k: int,
-                bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row, column) pairs of a tile that surely hold every column that can enter a row's
-    k nearest so far, whose k-th exact squared distance is ``bound`` (inf: fewer than k)."""
-    if z.shape[0] <= k and np.isinf(bound).any():
-        rows, cols = np.indices((len(x), len(z)))
-        return rows.ravel(), cols.ravel()
+def _augmented(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``[−2x, 1, ‖x‖²]`` and ``[z, ‖z‖², 1]``, centred on z's mean (the error bound
+    scales with the centred norms), whose products are the approximate squared distances;
+    and each x row's bound δ on their error.
+
+    They are float32 (twice the speed of float64 products, half the memory traffic) unless
+    the norms would overflow it; the exact distances that order candidates are float64.
+    """
     centre = z.mean(axis=0)
-    xc, zc = x - centre, z - centre  # centred: the error bound scales with these norms
+    xc, zc = x - centre, z - centre
     hx, hz = np.einsum("ij,ij->i", xc, xc), np.einsum("ij,ij->i", zc, zc)
-    # Candidates are selected in float32 (twice the speed of float64 products, half the
-    # memory traffic) unless the norms would overflow it; the exact distances that order
-    # them are float64 in any case.
     dtype = np.float32 if max(hx.max(), hz.max()) < FLOAT32_SAFE else np.float64
     delta = ERROR_PER_FEATURE * (x.shape[1] + 2) * np.finfo(dtype).eps * (hx + hz.max())
+    xa = np.hstack([-2.0 * xc, np.ones((len(xc), 1)), hx[:, None]]).astype(dtype)
+    za = np.hstack([zc, hz[:, None], np.ones((len(zc), 1))]).astype(dtype)
+    return xa, za, delta
+
+
+def _candidates(xa: np.ndarray, zat: np.ndarray, delta: np.ndarray, bound: np.ndarray,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) pairs of a tile that surely hold every column that can enter a row's
+    k nearest so far, whose k-th exact squared distance is ``bound`` (inf: fewer than k).
+
+    ``xa`` (n, d + 2) and ``zat`` (d + 2, m) are a tile's augmented rows (:func:`_augmented`).
+    """
+    m = zat.shape[1]
+    short = np.isinf(bound)
+    if m <= k and short.any():
+        rows, cols = np.indices((len(xa), m))
+        return rows.ravel(), cols.ravel()
     # a column enters only if its exact distance is at most the bound, so its approximate
     # one is at most bound + δ; rows without k so far take the tile's k nearest for sure:
     # everything within 2δ of its k-th approximate distance
     threshold = bound + delta
-    short = np.isinf(bound)
-    xa = np.hstack([-2.0 * xc, np.ones((len(xc), 1)), hx[:, None]]).astype(dtype)
-    za = np.hstack([zc, hz[:, None], np.ones((len(zc), 1))]).astype(dtype)
-    if short.any() and z.shape[0] > k:
-        approx = xa[short] @ za.T  # ‖x‖² + ‖z‖² − 2xᵀz as one product of augmented rows
+    if short.any():
+        approx = xa[short] @ zat  # ‖x‖² + ‖z‖² − 2xᵀz
         kth = np.partition(approx, k - 1, axis=1)[:, k - 1]
         threshold[short] = kth + 2 * delta[short]
-    xa[:, -1] = hx - threshold  # ... and minus the threshold: one product and one comparison
-    excess = xa @ za.T  # shape: (n, m)
+    shifted = xa.copy()
+    shifted[:, -1] -= threshold  # ... minus the threshold: one product, one comparison
+    excess = shifted @ zat  # shape: (n, m)
     hit = np.flatnonzero(excess.min(axis=1) <= 0.0)  # once the rows have k, few columns enter
     rows, cols = np.nonzero(excess[hit] <= 0.0)
     return hit[rows], cols
