@@ -79,6 +79,27 @@ def test_near_neighbours_are_ordered_by_their_exact_distances():
     np.testing.assert_array_equal(dist, ref_dist)
 
 
+def test_chunks_of_several_tiles_give_the_exact_neighbours():
+    """Training chunks of 2,500 rows: two full 1,024-column tiles (searched in runs of 64
+    columns) and a partial one, with a running bound carried across them."""
+    rng = np.random.default_rng(1)
+    X, Q = rng.normal(size=(5000, 3)), rng.normal(size=(1500, 3))
+    dist, ind = KNeighborsRegressor(n_neighbors=6).fit(
+        da.from_array(X, chunks=2500), np.zeros(5000)).kneighbors(Q)
+    ref_dist, ref_ind = _exact_order(X, Q, 6)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_array_equal(dist, ref_dist)
+
+
+def test_sparse_mask_search_equals_nonzero():
+    from dkern.backends.neighbors import _true_entries
+
+    rng = np.random.default_rng(2)
+    for shape in [(300, 1024), (7, 960), (5, 100)]:
+        mask = rng.random(shape) < 0.003
+        np.testing.assert_array_equal(np.vstack(_true_entries(mask)), np.vstack(np.nonzero(mask)))
+
+
 def test_classifier_and_regressor_equal_sklearn_on_real_data(digits):
     X, y, Q, yq, url = digits
     for weights in ("uniform", "distance"):

@@ -28,6 +28,8 @@ PAD_INDEX = float(2**53)
 #: Tile of query rows × training rows (4 MiB of float32 approximate distances): the fastest
 #: of the shapes tried from 128 × 2048 to 2048 × 1024 (benchmarks/RESULTS.md, toolbox).
 TILE = (1024, 1024)
+#: Columns per run in :func:`_true_entries` (a divisor of the tile's column count).
+RUN = 64
 #: Squared norms up to this select candidates in float32 (its range ends at 3.4e38).
 FLOAT32_SAFE = 1e30
 #: Bound on the error of ``‖x‖² + ‖z‖² − 2xᵀz − threshold`` (one augmented product) in units
@@ -120,10 +122,21 @@ def _candidates(xa: np.ndarray, zat: np.ndarray, delta: np.ndarray, bound: np.nd
         threshold[short] = kth + 2 * delta[short]
     shifted = xa.copy()
     shifted[:, -1] -= threshold  # ... minus the threshold: one product, one comparison
-    excess = shifted @ zat  # shape: (n, m)
-    hit = np.flatnonzero(excess.min(axis=1) <= 0.0)  # once the rows have k, few columns enter
-    rows, cols = np.nonzero(excess[hit] <= 0.0)
-    return hit[rows], cols
+    return _true_entries((shifted @ zat) <= 0.0)
+
+
+def _true_entries(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.nonzero(mask)`` of a sparse (n, m) mask, faster: once a row has its k, few of
+    a tile's columns enter, so the mask is scanned in runs of ``RUN`` columns (one ``any``
+    each) and only the runs holding a True are searched."""
+    n, m = mask.shape
+    if m % RUN:
+        rows, cols = np.nonzero(mask)
+        return rows, cols
+    runs = mask.reshape(n, m // RUN, RUN)
+    rows, run = np.nonzero(runs.any(axis=2))
+    which, col = np.nonzero(runs[rows, run])
+    return rows[which], run[which] * RUN + col
 
 
 def best_k(rows: np.ndarray, sq: np.ndarray, idx: np.ndarray, n_rows: int,

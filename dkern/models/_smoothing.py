@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 
@@ -52,9 +53,11 @@ def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel
     """
     Q, X = data_rows(queries, name="X"), data_rows(training, name="X_fit")
     T = None
-    if targets is not None:
-        T = targets if isinstance(targets, da.Array) else da.from_array(targets)
-        T = T.reshape(T.shape[0], -1).astype(np.float64).rechunk((X.chunks[0], -1))
+    if isinstance(targets, da.Array):
+        T = targets.reshape(targets.shape[0], -1).astype(np.float64).rechunk((X.chunks[0], -1))
+    elif targets is not None:  # sent to the workers once, like data_rows' in-memory rows
+        (T,) = dask.persist(da.from_array(np.asarray(targets, dtype=np.float64).reshape(
+            len(targets), -1), chunks=(X.chunks[0], -1)))
     return kernel_log_sums(Q, X, T, kernel=kernel, box_width=1.0 if box else None,
                            scale=bandwidth, name=name)
 
