@@ -38,8 +38,10 @@ FLOAT32_SAFE = 1e30
 ERROR_PER_FEATURE = 16.0
 
 
-def nearest_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, k: int) -> np.ndarray:
-    """The k nearest rows of z to each row of x, by exact squared distance, then index.
+def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
+                  k: int) -> np.ndarray:
+    """The k nearest rows of z to each row of x, by exact squared distance, then index,
+    among those within ``limit``.
 
     Parameters
     ----------
@@ -47,6 +49,10 @@ def nearest_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, k: int) ->
         Query rows.
     z : ndarray of shape (m, d)
         Training rows.
+    limit : ndarray of shape (n, 1)
+        An upper bound on each query row's k-th smallest squared distance over all the
+        training rows (:func:`sample_bound`): farther rows cannot be among its k nearest,
+        so every block starts its search with it rather than from scratch.
     index : ndarray of shape (m, 1)
         z's global row indices (float64).
     k : int
@@ -54,7 +60,8 @@ def nearest_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, k: int) ->
     Returns
     -------
     ndarray of shape (n, 2k), float64
-        ``[d²₁ … d²_k, i₁ … i_k]`` per row; ``(inf, PAD_INDEX)`` where z has fewer than k rows.
+        ``[d²₁ … d²_k, i₁ … i_k]`` per row; ``(inf, PAD_INDEX)`` in slots no row within
+        ``limit`` fills.
     """
     x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
     best_sq = np.full((len(x), k), np.inf)
@@ -68,7 +75,8 @@ def nearest_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, k: int) ->
             zt, zat = z[j0:j0 + tile_cols], np.ascontiguousarray(za[j0:j0 + tile_cols].T)
             for i0 in range(0, len(x), tile_rows):
                 part = slice(i0, i0 + tile_rows)
-                rows, cols = _candidates(xa[part], zat, delta[part], best_sq[part, k - 1], k)
+                bound = np.minimum(best_sq[part, k - 1], limit[part, 0])
+                rows, cols = _candidates(xa[part], zat, delta[part], bound, k)
                 if len(rows) == 0:
                     continue
                 hit, rows = np.unique(rows, return_inverse=True)  # merge these rows only
@@ -80,6 +88,22 @@ def nearest_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, k: int) ->
                     np.concatenate([best_sq[at].ravel(), exact]),
                     np.concatenate([best_idx[at].ravel(), index[j0 + cols, 0]]), len(hit), k)
     return np.hstack([best_sq, best_idx])
+
+
+def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
+    """Each row's k-th smallest exact squared distance to the ``sample`` rows; shape (n, 1).
+
+    The sample rows are training rows, so this bounds the k-th smallest over all of them;
+    it is computed by the same arithmetic as the blocks' exact distances, so a sample row
+    at exactly this distance is found again by its block.
+    """
+    out = np.empty((len(x), 1))
+    rows = 128  # a (rows, len(sample), d) difference array at a time
+    for i0 in range(0, len(x), rows):
+        xt = np.asarray(x[i0:i0 + rows], dtype=np.float64)
+        sq = np.square(xt[:, None, :] - sample[None, :, :]).sum(axis=2)
+        out[i0:i0 + rows, 0] = np.partition(sq, k - 1, axis=1)[:, k - 1]
+    return out * (1 + 1e-12)  # a margin, should a block's sum round differently
 
 
 def _augmented(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

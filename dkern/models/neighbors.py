@@ -5,6 +5,7 @@ from __future__ import annotations
 from numbers import Integral
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -74,7 +75,7 @@ class _Neighbors(BaseEstimator):
             dist, ind = _drop_self(dist, ind, rows)
         out = (dist, ind) if return_distance else (ind,)
         if not isinstance(Xv, da.Array):
-            out = tuple(a.compute() for a in out)
+            out = dask.compute(*out)  # together: computed apart, the search would run twice
         return out if return_distance else out[0]
 
     def _neighbour_weights(self, X: Any) -> tuple[Any, Any]:

@@ -16,12 +16,15 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 
-from ..backends.neighbors import merge_neighbors, nearest_block
+from ..backends.neighbors import merge_neighbors, nearest_block, sample_bound
 from ..backends.smoothing import merge_log_sums, weighted_log_sums_block
 from ..kernels import Kernel
 from .pairwise import Operand, pairwise_reduce
 
 __all__ = ["kernel_log_sums", "nearest_neighbors"]
+
+#: Training rows the kNN search takes its starting bound from (the first ones).
+SAMPLE_ROWS = 2048
 
 
 def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | None = None, *,
@@ -62,8 +65,14 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
         Exact distances, ascending.
     indices : dask.array.Array of shape (q, k), int64
     """
+    # Each block would otherwise search from scratch, admitting ~k·ln(rows) candidates
+    # per query row: a bound from the first rows (one chunk read) lets it admit only rows
+    # nearer than some k training rows already are.
+    sample = np.asarray(training[:max(k, SAMPLE_ROWS)].compute(), dtype=np.float64)
+    limit = da.map_blocks(sample_bound, queries, sample=sample, k=int(k), dtype=np.float64,
+                          chunks=(queries.chunks[0], (1,)), meta=np.empty((0, 1)))
     index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.float64)[:, None]
-    packed = pairwise_reduce(nearest_block, queries, training, [(index, "cols")], over="cols",
-                             width=2 * k, name=name, combine=merge_neighbors,
+    packed = pairwise_reduce(nearest_block, queries, training, [(limit, "rows"), (index, "cols")],
+                             over="cols", width=2 * k, name=name, combine=merge_neighbors,
                              labels=("X", "X_fit"), k=int(k))
     return np.sqrt(packed[:, :k]), packed[:, k:].astype(np.int64)
