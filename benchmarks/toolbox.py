@@ -132,7 +132,7 @@ def main() -> None:
             f"store in chunks of 62,500 rows; references in memory.\n\n{table}\n")
     print(body)
     if not args.no_write:
-        update_section(f"toolbox-{'-'.join(args.only)}", body)
+        update_section(f"toolbox-{'-'.join(args.only)}-{args.queries}", body)
 
 
 if __name__ == "__main__":
