@@ -364,7 +364,6 @@ def _wait_for_checkpoint(ck, past, proc, timeout=300):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.over_ci_budget
 def test_solve_survives_sigkill_of_client_then_of_scheduler(tmp_path, record_figures):
     import signal
 
