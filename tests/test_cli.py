@@ -152,13 +152,16 @@ def test_demo_fits_predicts_and_reports(capsys, tmp_path):
 
 
 @pytest.mark.distributed
-def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
+def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch, _session_cluster):
+    """On the session's cluster (--scheduler): the embedded one's start is the make-data
+    and demo tests' subject, not this one's."""
+    at = ["--scheduler", _session_cluster.scheduler.address]
     store, model = str(tmp_path / "d.zarr"), str(tmp_path / "model.zarr")
     assert run(capsys, "make-data", "--out", store, "--n", "3000", "--d", "2", "--n-test",
-               "300", "--workers", "1", "--quiet")[0] == 0
+               "300", *at, "--quiet")[0] == 0
     args = ["fit", "--data", store, "--x", "X", "--y", "y", "--kernel",
             "Gaussian(lengthscale=0.5)", "--alpha", "0.1", "--solver", "nystrom", "--centers",
-            "60", "--model", model, "--workers", "1", "--json", "--checkpoint",
+            "60", "--model", model, *at, "--json", "--checkpoint",
             str(tmp_path / "ck"), "--checkpoint-every", "1"]
     code, out, _ = run(capsys, *args)
     assert code == 0 and json.loads(out)["solver"] == "nystrom"
@@ -175,7 +178,7 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch):
     assert code == 1 and "overwrite" in err
     monkeypatch.undo()
     predict = ["predict", "--model", model, "--data", store, "--x", "X_test", "--out", "pred",
-               "--y", "y_test", "--workers", "1", "--json"]
+               "--y", "y_test", *at, "--json"]
     code, out, _ = run(capsys, *predict)
     assert code == 0
     # the stored predictions: the dense normal equations (K_nmᵀ K_nm + α K_mm) β = K_nmᵀ y on
@@ -356,17 +359,18 @@ def gp_store(tmp_path):
 
 @pytest.mark.distributed
 def test_gp_fit_and_predict_std_equal_the_same_model_fitted_in_python(capsys, tmp_path,
-                                                                     gp_store):
+                                                                     gp_store, _session_cluster):
     from sklearn.gaussian_process import GaussianProcessRegressor as SkGP
     from sklearn.gaussian_process import kernels as sk
 
     from dkern.kernels import from_repr
 
     store, (X, y, X_test, y_test) = gp_store
+    at = ["--scheduler", _session_cluster.scheduler.address]  # the session's cluster
     model = str(tmp_path / "gp-model.zarr")
     code, out, _ = run(capsys, "fit", "--model-type", "gp", "--data", store, "--x", "X", "--y",
                        "y", "--kernel", "1.0 * Gaussian(lengthscale=1.0)", "--alpha", "0.01",
-                       "--optimizer", "lbfgs", "--model", model, "--workers", "1", "--json")
+                       "--optimizer", "lbfgs", "--model", model, *at, "--json")
     report = json.loads(out)
     assert code == 0 and (report["model_type"], report["solver"]) == ("gp", "exact")
     # the optimizer ran: the same fit in Python learns the same hyperparameters
@@ -376,7 +380,7 @@ def test_gp_fit_and_predict_std_equal_the_same_model_fitted_in_python(capsys, tm
     np.testing.assert_allclose(learned.theta, python.kernel_.theta, rtol=1e-6)
     assert not np.allclose(learned.theta, 0.0)  # it moved from the start (1.0, 1.0)
     code, out, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
-                       "--out", "pred", "--std", "--y", "y_test", "--workers", "1", "--json")
+                       "--out", "pred", "--std", "--y", "y_test", *at, "--json")
     assert code == 0 and json.loads(out)["std_out"] == f"{store}::pred_std"
     mean, std = (open_array(store, name).compute() for name in ("pred", "pred_std"))
     # the model the command saved, refitted in Python with its kernel: mean and std agree
@@ -393,7 +397,7 @@ def test_gp_fit_and_predict_std_equal_the_same_model_fitted_in_python(capsys, tm
     assert json.loads(out)["rmse"] == pytest.approx(np.sqrt(np.mean((mean - y_test) ** 2)),
                                                     rel=1e-12)
     code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
-                       "--out", "pred", "--std", "--workers", "1")
+                       "--out", "pred", "--std", *at)
     assert code == 1 and "['pred', 'pred_std']" in err and "pass --overwrite" in err
     np.testing.assert_array_equal(open_array(store, "pred_std").compute(), std)  # untouched
 

@@ -34,15 +34,18 @@ def operator(alpha=ALPHA, dtype=None):
 
 
 def test_cg_single_and_block_match_dense_solve():
-    single = cg(operator(), B8[:, 0], tol=1e-10)
-    block = cg(operator(), B8, tol=1e-10)
-    assert single.x.shape == (N,) and block.x.shape == (N, 8)
-    assert rel_err(single.x.compute(), sla.solve(DENSE, B8[:, 0])) < 1e-8
-    assert rel_err(block.x.compute(), sla.solve(DENSE, B8)) < 1e-8
-    assert block.converged.all() and block.residuals.shape == (block.n_iter + 1, 8)
+    """A block of 3 right-hand sides: each column is the single-column solve (each CG solve
+    here is ~65 steps of graph overhead, so 4 solves, not 10)."""
+    B = B8[:, :3]
+    single = cg(operator(), B[:, 0], tol=1e-10)
+    block = cg(operator(), B, tol=1e-10)
+    assert single.x.shape == (N,) and block.x.shape == (N, 3)
+    assert rel_err(single.x.compute(), sla.solve(DENSE, B[:, 0])) < 1e-8
+    assert rel_err(block.x.compute(), sla.solve(DENSE, B)) < 1e-8
+    assert block.converged.all() and block.residuals.shape == (block.n_iter + 1, 3)
     assert block.residuals[-1].max() <= 1e-10
-    for j in range(8):
-        alone = cg(operator(), B8[:, j], tol=1e-10).x.compute()
+    for j in range(3):
+        alone = (single if j == 0 else cg(operator(), B[:, j], tol=1e-10)).x.compute()
         assert rel_err(block.x[:, j].compute(), alone) < 1e-8
 
 

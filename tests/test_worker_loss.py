@@ -18,7 +18,7 @@ import dkern
 from dkern.io import check_store, open_array, write_arrays
 from dkern.kernels import Gaussian
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.over_ci_budget]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 RNG = np.random.default_rng(2)
 N, CHUNK = 800, 200
