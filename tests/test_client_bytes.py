@@ -14,7 +14,6 @@ import dask
 import numpy as np
 import pytest
 
-import dkern.models.kernel_ridge
 from dkern.io import write_arrays
 from dkern.kernels import Gaussian
 from dkern.models import KernelRidge
@@ -97,10 +96,7 @@ def _fit(client, received, url, **params):
 
 
 def test_client_receives_no_n_sized_array(tmp_path, remote_client, received,
-                                          record_figures, monkeypatch):
-    # A rank-30 CG preconditioner (as tests/test_worker_loss.py): its O(r²) transfers are
-    # independent of n like the default rank 300's, whose build was most of this test's time.
-    monkeypatch.setattr(dkern.models.kernel_ridge, "CG_PRECONDITIONER_RANK", 30)
+                                          record_figures):
     figures = {}
     for n in (N1, N2):
         url = _store(tmp_path / f"{n}.zarr", n)
