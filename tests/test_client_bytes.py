@@ -118,8 +118,11 @@ def test_client_receives_no_n_sized_array(tmp_path, remote_client, received,
                    bytes_received_by_client={str(n): f for n, f in figures.items()})
     small, big = figures[N1], figures[N2]
     growth = 8 * (N2 - N1)  # what one n-vector more would add
-    for fig in (small, big):  # per CG step: scalars and task reports, not a vector
-        assert fig["cg_per_iteration_max"] < 8 * N1 / 2, figures
+    for fig in (small, big):  # per CG step: scalars and task reports, not its n-vector
+        # (task reports and periodic messages vary by a few kB from run to run and grow
+        # with the iteration's duration: a bound of half the problem's own n-vector, with
+        # the growth check below, tells them from a gathered vector)
+        assert fig["cg_per_iteration_max"] < fig["n_times_8"] / 2, figures
         assert fig["nystrom_fit"] < 4 * fig["nystrom_M2_times_8"], figures
     for key in ("cg_per_iteration_median", "predict_to_zarr"):
         assert abs(big[key] - small[key]) < 0.1 * growth, (key, figures)
