@@ -12,10 +12,11 @@ import pytest
 #: (benchmarks/RESULTS.md holds the recorded ones).
 FIGURES = Path(__file__).resolve().parents[1] / "benchmarks" / "reliability"
 _measured: dict[str, dict] = {}
+FIGURES_PROPERTY = "dkern_figures"
 
 
 @pytest.fixture
-def record_figures():
+def record_figures(request):
     """``record_figures(name, **figures)``: merge figures into benchmarks/reliability/name.json
     and into the test log's summary."""
     def record(name: str, **figures) -> None:
@@ -24,8 +25,18 @@ def record_figures():
         data = json.loads(path.read_text()) if path.exists() else {}
         data.update(figures)
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        _measured.setdefault(name, {}).update(figures)
+        # through the test's report, which pytest-xdist sends from its worker processes to
+        # the process that writes the summary
+        request.node.user_properties.append((FIGURES_PROPERTY, json.dumps({name: figures})))
     return record
+
+
+def pytest_runtest_logreport(report):
+    """Collect the figures a test recorded (in this process or in an xdist worker)."""
+    for key, value in report.user_properties:
+        if key == FIGURES_PROPERTY:
+            for name, figures in json.loads(value).items():
+                _measured.setdefault(name, {}).update(figures)
 
 
 def pytest_terminal_summary(terminalreporter):
