@@ -30,6 +30,9 @@ EIG_CUTOFF = 1e-10
 #: a row chunk: the kernel columns, the factor, and QR's copy and workspace; the measured
 #: peak over a one-chunk X is in tests/test_memory_limits.py.
 FACTOR_VALUES_PER_PIVOT = 4
+#: RPCholesky steps of a large rank (block size rank / this): each step costs a pass over X
+#: and a few cluster round trips, so 16 pivots per step took 94 steps at rank 1,500.
+RPCHOLESKY_STEPS = 25
 
 
 class JacobiPreconditioner:
@@ -81,8 +84,10 @@ class NystromPreconditioner:
         Uniform Nyström columns, or randomly pivoted Cholesky (Chen, Epperly, Tropp &
         Webber 2023), which samples pivots ∝ the residual diagonal.
     random_state : int or numpy.random.Generator, optional
-    block_size : int, default=16
-        Pivots drawn per RPCholesky step (one dask pass over X per step).
+    block_size : int, optional
+        Pivots drawn per RPCholesky step (one dask pass over X and a few cluster round
+        trips per step). Default: ``rank / RPCHOLESKY_STEPS``, at least 16, so that a
+        large rank costs ``RPCHOLESKY_STEPS`` steps rather than ``rank / 16``.
 
     Raises
     ------
@@ -93,12 +98,14 @@ class NystromPreconditioner:
     """
 
     def __init__(self, kernel: Kernel, X: Any, alpha: float, rank: int, *,
-                 pivots: str = "uniform", random_state: Any = None, block_size: int = 16) -> None:
+                 pivots: str = "uniform", random_state: Any = None,
+                 block_size: int | None = None) -> None:
         Xd = data_rows(X)
         n = Xd.shape[0]
         alpha = positive_number(alpha, "alpha", " (the diagonal shift)")
         rank = integer(rank, "rank", high=n, hint=" The rank is at most n, the number of rows.")
-        block_size = integer(block_size, "block_size")
+        block_size = (max(16, -(-rank // RPCHOLESKY_STEPS)) if block_size is None
+                      else integer(block_size, "block_size"))
         if pivots not in ("uniform", "rpcholesky"):
             raise ValueError(f"pivots must be 'uniform' or 'rpcholesky'; got {pivots!r}.")
         # The factor is chunked like X's rows: refuse row chunks whose factor block
@@ -111,13 +118,16 @@ class NystromPreconditioner:
             G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size)
         self.alpha = float(alpha)
         self.factor, self.core, self.rank = _woodbury(G, W, self.alpha)
+        # sent to the cluster once: every apply's graph then names it instead of carrying
+        # its r² floats (a large graph per CG iteration at ranks in the thousands)
+        (self._core_blocks,) = dask.persist(da.from_array(self.core, chunks=self.core.shape))
         logger.info("Nyström preconditioner: %s pivots, rank %d", pivots, self.rank)
 
     def apply(self, R: da.Array) -> da.Array:
         """``P⁻¹ R = R + F (C (Fᵀ R))``; shape (n, t)."""
         G = self.factor.rechunk((R.chunks[0], -1))
         small = da.dot(G.T, R.astype(np.float64))  # shape: (r, t), tree-summed over chunks
-        return R + da.dot(G, da.from_array(self.core) @ small).astype(R.dtype)
+        return R + da.dot(G, self._core_blocks @ small).astype(R.dtype)
 
 
 def _kernel_columns(kernel: Kernel, Xd: da.Array, Z: np.ndarray) -> da.Array:
