@@ -192,6 +192,22 @@ def test_lanczos_std_is_one_sided_and_within_its_measured_bound(lanczos_model):
         previous = got_std
 
 
+def test_preconditioner_rank_sets_the_lanczos_basis():
+    """300 rows: r = 60 columns and k = 20 steps leave a 35% std error (measured); r = 300
+    spans every row, so LOVE's variances are the exact ones (measured 3e-13)."""
+    mean, std = sklearn_gp(X_TRAIN[:300], Y_TRAIN[:300], optimizer=None).predict(
+        X_TEST, return_std=True)
+    errors = []
+    with dask.config.set(scheduler="synchronous"):
+        for r in (60, 300):
+            gp = our_gp(optimizer=None, solver="exact", variance="lanczos", lanczos_rank=20,
+                        preconditioner_rank=r, random_state=0).fit(X_TRAIN[:300], Y_TRAIN[:300])
+            got = gp.predict(X_TEST, return_std=True)[1]
+            assert gp._lanczos.rank == min(300, r + 20)  # the basis: r columns, k steps
+            errors.append(np.max(np.abs(got - std) / std))
+    assert errors[0] > 0.1 and errors[1] <= 1e-9
+
+
 def test_lanczos_covariance_is_psd_above_the_exact_one(lanczos_model):
     """cov = K** − (L⁻¹Wᵀ)ᵀ(L⁻¹Wᵀ): its diagonal is std², and cov − exact cov ≽ 0."""
     gp, (_, std) = lanczos_model
@@ -207,17 +223,17 @@ def test_lanczos_covariance_is_psd_above_the_exact_one(lanczos_model):
     np.testing.assert_allclose(lazy.compute(), std, rtol=1e-10)
 
 
-def test_saved_lanczos_model_recomputes_the_same_std(tmp_path, monkeypatch):
+def test_saved_lanczos_model_recomputes_the_same_std(tmp_path):
     """400 rows, r = 60 preconditioner columns and k = 20 steps: a basis of 80 < n columns
     (the module's 2,000-row model, r = 300 and k = 100, costs ~20 s to recompute)."""
-    monkeypatch.setattr(gaussian_process, "CG_PRECONDITIONER_RANK", 60)
     with dask.config.set(scheduler="synchronous"):
         gp = our_gp(optimizer=None, solver="exact", variance="lanczos", lanczos_rank=20,
-                    random_state=0).fit(X_TRAIN[:400], Y_TRAIN[:400])
+                    preconditioner_rank=60, random_state=0).fit(X_TRAIN[:400], Y_TRAIN[:400])
         want = gp.predict(X_TEST, return_std=True)[1]
     dkern.save(gp, tmp_path / "gp.zarr")
     back = dkern.load(tmp_path / "gp.zarr")
-    assert back.lanczos_rank == 20 and back.variance_ == "lanczos"
+    assert back.lanczos_rank == 20 and back.preconditioner_rank == 60
+    assert back.variance_ == "lanczos"
     assert getattr(back, "_lanczos", None) is None  # the n-sized basis is not in the file
     with dask.config.set(scheduler="synchronous"):
         got = back.predict(X_TEST, return_std=True)[1]
@@ -360,6 +376,8 @@ def test_no_finite_likelihood_anywhere_is_an_error_not_nan():
      r"variance must be one of \['auto', 'exact', 'cg', 'lanczos', 'nystrom'\]"),
     ({"variance": "lanczos", "lanczos_rank": 0}, "lanczos_rank must be an integer >= 1"),
     ({"lanczos_rank": "x"}, r"lanczos_rank must be an integer >= 1 .*got 'x'"),
+    ({"preconditioner_rank": 0}, r"preconditioner_rank must be an integer >= 1 .*got 0"),
+    ({"preconditioner_rank": 2.5}, r"preconditioner_rank must be an integer >= 1 .*got 2.5"),
     ({"solver": "nystrom", "variance": "lanczos"}, "variance='lanczos' decomposes the exact GP"),
     ({"variance": "lanczos", "n_centers": 10}, "variance='lanczos' decomposes the exact GP"),
     ({"variance": "lanczos", "alpha": 0.0}, "alpha must be > 0 for variance='lanczos'"),

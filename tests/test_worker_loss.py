@@ -88,13 +88,11 @@ def test_krr_cg_fit_survives_a_killed_worker(client, store, record_figures, monk
             killed_at_iteration=ref.n_iter_ // 2)
 
 
-def test_gp_cg_fit_survives_a_killed_worker(client, store, record_figures, monkeypatch):
-    monkeypatch.setattr(dkern.models.gaussian_process, "CG_PRECONDITIONER_RANK", RANK)
-
+def test_gp_cg_fit_survives_a_killed_worker(client, store, record_figures):
     def fit():
         return dkern.GaussianProcessRegressor(
             Gaussian(1.0), alpha=1.0, solver="cg", optimizer=None, tol=1e-8,
-            backend="numpy", random_state=0).fit((store, "X"), Y)
+            preconditioner_rank=RANK, backend="numpy", random_state=0).fit((store, "X"), Y)
 
     ref, got, free, faulted = _fit_twice_killing_once(client, fit)
     np.testing.assert_array_equal(np.asarray(got.alpha_), np.asarray(ref.alpha_))

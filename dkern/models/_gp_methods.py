@@ -18,12 +18,13 @@ VARIANCES = ("auto", "exact", "cg", "lanczos", "nystrom")
 
 
 def checked_methods(solver: object, variance: object, n_centers: object,
-                    lanczos_rank: object) -> tuple[str, str]:
+                    lanczos_rank: object, preconditioner_rank: object) -> tuple[str, str]:
     """The ``solver`` and ``variance`` parameters, checked before any data is read."""
     solver = check_choice(solver, "solver", SOLVERS)
     variance = check_choice(variance, "variance", VARIANCES)
     check_optional_int(n_centers, "n_centers", 1)
     checked_lanczos_rank(lanczos_rank)
+    checked_preconditioner_rank(preconditioner_rank)
     if n_centers is not None and solver in ("exact", "cg"):
         raise ValueError(f"n_centers={n_centers!r} sets the centres of the sparse GP, "
                          f"solver='nystrom'; solver={solver!r} uses every training row. "
@@ -71,4 +72,14 @@ def checked_lanczos_rank(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise ValueError(f"lanczos_rank must be an integer >= 1 (the Lanczos steps k of "
                          f"variance='lanczos'); got {value!r}. Use e.g. lanczos_rank=100.")
+    return int(value)
+
+
+def checked_preconditioner_rank(value: object) -> int:
+    """``preconditioner_rank`` as an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"preconditioner_rank must be an integer >= 1 (the columns r of the "
+                         f"Nyström preconditioner of solver='cg' and of the basis of "
+                         f"variance='lanczos'); got {value!r}. Use e.g. "
+                         f"preconditioner_rank=300.")
     return int(value)

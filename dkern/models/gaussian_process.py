@@ -67,7 +67,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     solver : {"auto", "exact", "cg", "nystrom"}, default="auto"
         How ``C a = t`` is solved. ``"exact"``: dense Cholesky, O(n³) time and n² memory
         (n <= ``dkern.solvers.EXACT_MAX_N``). ``"cg"``: block CG on the lazy
-        ``gram(kernel, X) + alpha`` with a rank-``CG_PRECONDITIONER_RANK`` Nyström
+        ``gram(kernel, X) + alpha`` with a rank-``preconditioner_rank`` Nyström
         preconditioner: the same model, to ``tol``, never holding an n × n matrix.
         ``"nystrom"``: the sparse GP of Titsias (2009, "SGPR") on M centres, a
         different, approximate model: one pass over X gives M-sized sums
@@ -83,14 +83,14 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         right-hand sides, each batch costing one CG solve (exact to ``tol``; for
         moderate numbers of test points). ``"lanczos"`` (with ``"exact"`` or ``"cg"``,
         alpha > 0): LOVE (:mod:`dkern.solvers.lanczos`), ``C⁻¹ ≈ V H⁻¹ Vᵀ`` on the span
-        V of the CG preconditioner's r = ``CG_PRECONDITIONER_RANK`` columns (all rows
+        V of the CG preconditioner's r = ``preconditioner_rank`` columns (all rows
         when n <= r) and k = ``lanczos_rank`` Lanczos vectors: k + r matvecs with C
         once, on the first prediction that needs variances (not saved in model files,
         which recompute it); then one product ``K(X*, X) V`` with k + r columns per
         test batch. Its variances lie between the exact ones and the prior
         (``V H⁻¹ Vᵀ ≼ C⁻¹``), and their error does not grow with k; it is small only
         when k + r exceeds the number of eigenvalues of K above alpha, and can be large
-        otherwise (measured errors: benchmarks/RESULTS.md). Check it against ``"cg"`` on
+        otherwise (measured errors: benchmarks/RESULTS.md): raise ``preconditioner_rank``. Check it against ``"cg"`` on
         a few test points. The means still come from ``alpha_``.
         ``"nystrom"`` (with ``solver="nystrom"`` only): the SGPR predictive variance
         ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²) per test point from the M-sized
@@ -104,6 +104,13 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         ``solver="auto"`` asks for ``"nystrom"``; refused with ``"exact"``/``"cg"``.
     lanczos_rank : int, default=100
         k, the Lanczos steps of ``variance="lanczos"`` (at most n − r); unused otherwise.
+    preconditioner_rank : int, default=300
+        r, the pivoted (randomly pivoted Cholesky) Nyström columns of the preconditioner of
+        ``"cg"`` and of the basis of ``"lanczos"`` (at most n). CG's iterations and
+        LOVE's error fall once r covers the eigenvalues of K above alpha; each column
+        costs n floats of memory and one kernel column, and ``"lanczos"`` one more
+        column of every ``K(X*, X) V`` product. Used by ``solver="cg"`` and by
+        ``variance="cg"`` or ``"lanczos"``; unused otherwise.
     optimizer : "lbfgs", callable or None, default="lbfgs"
         Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
         (L-BFGS-B in log space with the analytic gradient): the exact one for
@@ -175,7 +182,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
-                 lanczos_rank: int = 100, optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
+                 lanczos_rank: int = 100, preconditioner_rank: int = CG_PRECONDITIONER_RANK,
+                 optimizer: Any = "lbfgs", n_restarts_optimizer: int = 0,
                  normalize_y: bool = False, tol: float = 1e-8, backend: str = "auto",
                  random_state: Any = None, verbose: bool = False,
                  checkpoint: str | os.PathLike[str] | None = None,
@@ -186,6 +194,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.variance = variance
         self.n_centers = n_centers
         self.lanczos_rank = lanczos_rank
+        self.preconditioner_rank = preconditioner_rank
         self.optimizer = optimizer
         self.n_restarts_optimizer = n_restarts_optimizer
         self.normalize_y = normalize_y
@@ -224,7 +233,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
                                 constant_bounds="fixed"))
         solver, variance = _gp_methods.checked_methods(self.solver, self.variance,
-                                                       self.n_centers, self.lanczos_rank)
+                                                       self.n_centers, self.lanczos_rank,
+                                                       self.preconditioner_rank)
         tol = check_tol(self.tol)
         check_optimizer(self.optimizer, self.n_restarts_optimizer)
         check_checkpoint(self.checkpoint, self.checkpoint_every)
@@ -284,7 +294,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if pre is None:
             n = self.X_train_.shape[0]
             pre = self._preconditioner = NystromPreconditioner(
-                self.kernel_, self.X_train_, alpha, min(n, CG_PRECONDITIONER_RANK),
+                self.kernel_, self.X_train_, alpha, min(n, self.preconditioner_rank),
                 pivots="rpcholesky", random_state=as_generator(self.random_state))
         return pre
 
