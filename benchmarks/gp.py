@@ -292,26 +292,36 @@ def timed_std(model, X, y, Xt) -> tuple[np.ndarray, float, float]:
     return np.asarray(std), fit_s, time.perf_counter() - start - fit_s
 
 
+def eigenvalues_above(kernel, sample: np.ndarray, n: int, level: float) -> int:
+    """How many eigenvalues of the n-row K exceed ``level``, estimated from a sample's
+    (the Gram's top eigenvalues grow with the rows: those of a uniform sample × n / rows)."""
+    eig = np.linalg.eigvalsh(np.asarray(kernel(sample, sample))) * n / len(sample)
+    return int(np.sum(eig > level))
+
+
 def part_cg_lanczos(args) -> str:
     """n = 50,000: CG variances of 1,000 test points vs Lanczos (rank k) ones of 100,000."""
     n, m_cg, m_lz, k = (size(args, 50_000, 2_000), size(args, args.cg_points, 50),
                         size(args, 100_000, 1_000), args.lanczos_rank)
+    r = min(n, args.preconditioner_rank)
     lanczos = "lanczos_rank" in inspect.signature(GPR).parameters
     with dkern.connect(n_workers=2, threads_per_worker=1) as client:
         url, sigma2 = synthetic(n, m_lz, chunks=8)
         (Xt,) = load(url, "X_test")
+        sample = open_array(url, "X")[:min(n, 4_000)].compute()
+        above = eigenvalues_above(KERNEL, sample, n, sigma2)
         data = ((url, "X"), (url, "y"))
         std_cg, fit_cg, pred_cg = timed_std(
-            GPR(KERNEL, alpha=sigma2, optimizer=None, solver="cg", variance="cg"), *data,
-            Xt[:m_cg])
+            GPR(KERNEL, alpha=sigma2, optimizer=None, solver="cg", variance="cg",
+                preconditioner_rank=r, random_state=0), *data, Xt[:m_cg])
         rows = [["CG (`variance='cg'`)", f"{m_cg:,}", f"{fit_cg:.1f}", f"{pred_cg:.1f}", "-",
                  "-"]]
         if lanczos:
             std_lz, fit_lz, pred_lz = timed_std(
                 GPR(KERNEL, alpha=sigma2, optimizer=None, solver="cg", variance="lanczos",
-                    lanczos_rank=k), *data, Xt)
+                    lanczos_rank=k, preconditioner_rank=r, random_state=0), *data, Xt)
             err = np.abs(std_lz[:m_cg] - std_cg)
-            rows.append([f"Lanczos (`variance='lanczos'`, k = {k})", f"{m_lz:,}",
+            rows.append([f"Lanczos (`variance='lanczos'`, k = {k}, r = {r:,})", f"{m_lz:,}",
                          f"{fit_lz:.1f}", f"{pred_lz:.1f}", f"{err.max():.1e}",
                          f"{(err / std_cg).max():.1e}"])
         mem = process_peaks(client)
@@ -320,7 +330,11 @@ def part_cg_lanczos(args) -> str:
             "not available).")
     return (f"### n = {n:,}, `solver='cg'`: CG variances for {m_cg:,} test points, Lanczos "
             f"(LOVE) variances for {m_lz:,}; LocalCluster(2 workers)\n\nKernel `{KERNEL!r}`, "
-            f"α = {sigma2:g}, tol = {GPR().tol:g} (the default). Errors: the Lanczos std "
+            f"α = {sigma2:g}, tol = {GPR().tol:g} (the default), `preconditioner_rank` r = "
+            f"{r:,} for both (the CG preconditioner's and LOVE's Nyström columns; LOVE is "
+            f"accurate once r + k covers the eigenvalues of K above α: about {above:,} here, "
+            f"estimated from the first {len(sample):,} rows' eigenvalues × n / "
+            f"{len(sample):,}). Errors: the Lanczos std "
             f"against the CG std on the {m_cg:,} common points (absolute; relative to the CG "
             "std).\n\n"
             + markdown_table(["variance", "test points", "fit (s)", "predict mean + std (s)",
@@ -401,6 +415,9 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--repeats", type=int, default=3, help="alternating sklearn runs")
     parser.add_argument("--lanczos-rank", type=int, default=100)
+    parser.add_argument("--preconditioner-rank", type=int, default=1_500,
+                        help="r of cg-lanczos, for CG and LOVE (at least the eigenvalues of K "
+                             "above α)")
     parser.add_argument("--cg-points", type=int, default=1_000,
                         help="test points of the CG variances (cg-lanczos; the cost is linear)")
     parser.add_argument("--hyper-centers", type=int, default=500,
