@@ -289,7 +289,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
 
     def _cg_preconditioner(self, alpha: float) -> NystromPreconditioner:
-        """The Nyström preconditioner of ``C``, built once per fitted model (or loaded one)."""
+        """The Nyström preconditioner of ``C``, built once per fitted model (or loaded one)
+        and per cluster."""
+        self._forget_caches_of_other_clusters()
         pre = getattr(self, "_preconditioner", None)
         if pre is None:
             n = self.X_train_.shape[0]
@@ -299,13 +301,27 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return pre
 
     def _lanczos_decomposition(self, alpha: float) -> LanczosResult:
-        """LOVE's decomposition of ``C``, computed on first use per fitted (or loaded) model."""
+        """LOVE's decomposition of ``C``, computed on first use per fitted (or loaded) model
+        and per cluster."""
+        self._forget_caches_of_other_clusters()
         result = getattr(self, "_lanczos", None)
         if result is None:
             result = self._lanczos = _gp_lanczos.decomposition(
                 self._operator(alpha), self.y_train_, self._cg_preconditioner(alpha),
                 _gp_methods.checked_lanczos_rank(self.lanczos_rank))
         return result
+
+    def _forget_caches_of_other_clusters(self) -> None:
+        """Drop the preconditioner and LOVE caches if dask now computes on another client:
+        their arrays are persisted where they were built, and a closed client's are gone
+        (predicting after a new ``Client`` failed with "lost dependencies")."""
+        client = _computing_client_id()
+        if getattr(self, "_caches_client", None) != client:
+            if getattr(self, "_preconditioner", None) is not None:
+                logger.info("another dask client than the one that built the CG "
+                            "preconditioner: rebuilding it (and LOVE's basis) on demand")
+            self._preconditioner = self._lanczos = None
+            self._caches_client = client
 
     # ------------------------------------------------------------- predict
     @worker_failures()
@@ -413,6 +429,11 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         draws = [rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
                  for k in range(mean.shape[1])]
         return np.hstack(draws)
+
+
+def _computing_client_id() -> str | None:
+    """The id of the distributed client dask computes with now; None for a local scheduler."""
+    return getattr(getattr(dask.base.get_scheduler(), "__self__", None), "id", None)
 
 
 def _check_cov_size(m: int) -> None:
