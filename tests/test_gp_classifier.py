@@ -1,5 +1,6 @@
 """GaussianProcessClassifier against scikit-learn's on real data, its solvers, inputs and checks."""
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -115,6 +116,25 @@ def test_cg_gives_the_exact_probabilities_and_lml(monkeypatch):
         above = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=None,
                                           max_iter_predict=1).fit(X, y)
     assert above.solver_ == "cg" and np.isnan(above.log_marginal_likelihood())
+
+
+def test_cg_model_on_numpy_rows_outlives_the_cluster_that_fitted_it():
+    """pi_ of numpy rows comes to the client (it was persisted on the fitting cluster, so
+    predicting under the next Client failed with "lost dependencies")."""
+    from distributed import Client, LocalCluster
+
+    model = GaussianProcessClassifier(3.0 * Gaussian(4.0), optimizer=None, solver="cg",
+                                      tol=1e-8)
+    probabilities = []
+    for _ in range(2):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address=None) as cluster, Client(cluster) as client, \
+                dask.config.set(scheduler=client):
+            if not probabilities:
+                model.fit(X_TRAIN[:120], Y_TRAIN[:120])
+            probabilities.append(model.predict_proba(X_TEST[:60]))
+    assert isinstance(model.pi_, np.ndarray)
+    np.testing.assert_allclose(probabilities[1], probabilities[0], atol=1e-10)
 
 
 # ------------------------------------------------------ the Laplace LML and learning

@@ -6,6 +6,7 @@ import logging
 from numbers import Integral
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -111,7 +112,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         The labels as indices into ``classes_``.
     pi_ : ndarray or dask.array.Array of shape (n,) or (n, n_classes)
         ``σ(f̂)`` at the mode: of the binary problem, or one column per class (one-vs-rest).
-        A persisted dask array for ``"cg"``.
+        A persisted dask array for ``"cg"`` on dask or Zarr rows (numpy for numpy rows).
     log_marginal_likelihood_value_ : float
         The Laplace approximation ``log q(t | X) = Ψ(f̂) − ½ log det B`` (the mean over the
         classes for one-vs-rest, as scikit-learn). ``"cg"`` factors B densely once for
@@ -182,7 +183,11 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
                                                self.tol, self.max_iter))
             self.X_fit_ = X if isinstance(X, da.Array) else Xv
         pis = [m.pi for m in modes]
-        stack = da.stack if self.solver_ == "cg" else np.stack
+        if self.solver_ == "cg" and not isinstance(self.X_fit_, da.Array):
+            # in-memory rows: σ(f̂) (n floats, fewer than X's) comes to the client, as
+            # KernelRidge's dual_coef_ does, so the model outlives the cluster that fitted it
+            pis = [np.asarray(pi) for pi in dask.compute(*pis)]
+        stack = da.stack if isinstance(pis[0], da.Array) else np.stack
         self.pi_ = pis[0] if len(pis) == 1 else stack(pis, axis=1)
         self._chols = ([m.chol for m in modes if m.chol is not None]  # all, for exact
                        if self.solver_ == "exact" else None)
