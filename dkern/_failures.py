@@ -7,7 +7,9 @@ the client gets a ``distributed.KilledWorker`` naming only the task's key, e.g.
 on the client, while the graph is built, so the pairwise layers register them here
 (:func:`register_blocks`); :func:`worker_failures`, around the places where dkern
 computes, turns the ``KilledWorker`` into a :class:`~dkern.errors.WorkerFailureError`
-that names the block and its row ranges, chained from the original.
+that names the block and its row ranges, chained from the original; a computation whose
+persisted inputs are gone (a closed client's) becomes a :class:`~dkern.errors.LostDataError`
+that says how to keep a model across clients.
 
 ``distributed`` is never imported here: without it loaded no ``KilledWorker`` can
 come, so dask's local schedulers pay nothing.
@@ -22,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from .errors import WorkerFailureError
+from .errors import LostDataError, WorkerFailureError
 
 __all__ = ["register_blocks", "worker_failures"]
 
@@ -54,21 +56,39 @@ def register_blocks(name: str, sides: Sequence[Side], ndim: int) -> None:
 
 @contextmanager
 def worker_failures() -> Iterator[None]:
-    """Raise :class:`~dkern.errors.WorkerFailureError` for a ``KilledWorker`` inside.
+    """Raise :class:`~dkern.errors.WorkerFailureError` for a ``KilledWorker`` inside, and
+    :class:`~dkern.errors.LostDataError` for persisted inputs that are gone.
 
     Usable as a context manager or as a decorator; other exceptions pass unchanged.
     """
     try:
         yield
     except Exception as err:
-        if not _is_killed_worker(err):
-            raise
-        raise _translated(err) from err
+        if _is_killed_worker(err):
+            raise _translated(err) from err
+        if _is_lost_data(err):
+            raise LostDataError(LOST_DATA_HELP.format(err=err)) from err
+        raise
+
+
+#: What a computation whose persisted inputs are gone tells the user.
+LOST_DATA_HELP = (
+    "arrays this computation needs were persisted on a Dask cluster that no longer holds "
+    "them: its client was closed, or the workers holding them died ({err}). A model fitted "
+    "on dask or Zarr rows keeps its coefficients on the cluster that fitted it: keep that "
+    "client open while using the model, or dkern.save the model there and dkern.load it "
+    "under the new client, or fit it again.")
 
 
 def _is_killed_worker(err: BaseException) -> bool:
     distributed = sys.modules.get("distributed")
     return distributed is not None and isinstance(err, distributed.KilledWorker)
+
+
+def _is_lost_data(err: BaseException) -> bool:
+    distributed = sys.modules.get("distributed")
+    return (distributed is not None and isinstance(err, distributed.client.FutureCancelledError)
+            and "lost dependencies" in str(err))
 
 
 def _translated(err: Any) -> WorkerFailureError:

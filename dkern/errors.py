@@ -45,6 +45,12 @@ class WorkerFailureError(DkernError):
         self.key, self.layer, self.rows = key, layer, dict(rows or {})
 
 
+class LostDataError(DkernError):
+    """Arrays a computation needs were persisted on a Dask cluster that no longer holds
+    them: their client was closed, or the workers holding them died (distributed's
+    ``FutureCancelledError``, "lost dependencies", chained as ``__cause__``)."""
+
+
 class ConvergenceWarning(_SklearnConvergenceWarning):
     """An iterative solver stopped before reaching its tolerance.
 

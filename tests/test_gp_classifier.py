@@ -128,7 +128,7 @@ def test_cg_model_on_numpy_rows_outlives_the_cluster_that_fitted_it():
     probabilities = []
     for _ in range(2):
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                          dashboard_address=None) as cluster, Client(cluster) as client, \
+                          dashboard_address=":0") as cluster, Client(cluster) as client, \
                 dask.config.set(scheduler=client):
             if not probabilities:
                 model.fit(X_TRAIN[:120], Y_TRAIN[:120])

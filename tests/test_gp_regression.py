@@ -253,7 +253,7 @@ def test_predicting_on_a_new_client_rebuilds_the_persisted_caches(variance):
     stds = []
     for _ in range(2):
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                          dashboard_address=None) as cluster, Client(cluster) as client, \
+                          dashboard_address=":0") as cluster, Client(cluster) as client, \
                 dask.config.set(scheduler=client):
             if not stds:
                 gp.fit(X_TRAIN[:400], Y_TRAIN[:400])

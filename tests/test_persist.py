@@ -286,3 +286,31 @@ def test_classifier_with_labels_json_cannot_keep_is_refused(tmp_path):
                                          "labels as strings or integers"):
         dkern.save(model, str(tmp_path / "c.zarr"))
     assert not (tmp_path / "c.zarr").exists()
+
+
+def test_model_on_dask_rows_across_clients_says_to_save_it(tmp_path):
+    """CG's coefficients of dask rows stay persisted on the fitting cluster: under the next
+    Client predict raises LostDataError with the remedy (it was distributed's bare
+    "lost dependencies"), and the remedy works: saved there, loaded here, same numbers."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dkern.errors import LostDataError
+
+    rng = np.random.default_rng(0)
+    X, Xt = rng.normal(size=(300, 3)), rng.normal(size=(40, 3))
+    y = np.sin(X[:, 0])
+    model = KernelRidge(kernel=Gaussian(1.5), alpha=1e-2, solver="cg")
+    url = str(tmp_path / "krr.zarr")
+    for first in (True, False):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as client, \
+                dask.config.set(scheduler=client):
+            if first:
+                want = model.fit(da.from_array(X, chunks=100), y).predict(Xt)
+                dkern.save(model, url)
+                continue
+            with pytest.raises(LostDataError, match="dkern.save the model there") as info:
+                model.predict(Xt)
+            assert "lost dependencies" in str(info.value.__cause__)
+            np.testing.assert_allclose(dkern.load(url).predict(Xt), want, rtol=1e-12)
