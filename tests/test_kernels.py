@@ -80,9 +80,10 @@ def test_keops_backend_matvec_of_every_kernel_and_composition():
     of ALL is checked in one formula, their sum with each term scaled to at most 1 on these
     points, so a wrong term still moves the sum by about its own size."""
     scales = [1.0 / np.abs(ref(X, Z)).max() for _, ref in ALL]
-    kernel = sum((s * k for s, (k, _) in zip(scales[1:], ALL[1:])), scales[0] * ALL[0][0])
+    kernel = sum((s * k for s, (k, _) in zip(scales[1:], ALL[1:], strict=True)),
+                 scales[0] * ALL[0][0])
     V = RNG.normal(size=(len(Z), 1))
-    terms = [s * ref(X, Z) for s, (_, ref) in zip(scales, ALL)]
+    terms = [s * ref(X, Z) for s, (_, ref) in zip(scales, ALL, strict=True)]
     want = sum(terms) @ V
     got = matvec_block_keops(kernel, X, Z, V)
     scale = sum(np.abs(t) for t in terms) @ np.abs(V)

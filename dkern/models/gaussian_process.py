@@ -90,8 +90,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         test batch. Its variances lie between the exact ones and the prior
         (``V H⁻¹ Vᵀ ≼ C⁻¹``), and their error does not grow with k; it is small only
         when k + r exceeds the number of eigenvalues of K above alpha, and can be large
-        otherwise (measured errors: benchmarks/RESULTS.md): raise ``preconditioner_rank``. Check it against ``"cg"`` on
-        a few test points. The means still come from ``alpha_``.
+        otherwise (measured errors: benchmarks/RESULTS.md): raise ``preconditioner_rank``.
+        Check it against ``"cg"`` on a few test points. The means still come from
+        ``alpha_``.
         ``"nystrom"`` (with ``solver="nystrom"`` only): the SGPR predictive variance
         ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²) per test point from the M-sized
         statistics, in ``[0, k(x*, x*)]``; its error
