@@ -241,28 +241,24 @@ def test_saved_lanczos_model_recomputes_the_same_std(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-9)
 
 
-@pytest.mark.parametrize("variance", ["cg", "lanczos"])
-def test_predicting_on_a_new_client_rebuilds_the_persisted_caches(variance):
+def test_predicting_on_a_new_client_rebuilds_the_persisted_caches():
     """The preconditioner and LOVE's basis are persisted on the cluster that fitted the
-    model; after that client closes, a new one must get the same std (it failed with
-    "lost dependencies"). 400 rows, r = 60, k = 20: a basis of fewer than n columns."""
+    model; after that client closes, a new one must rebuild them (it failed with "lost
+    dependencies"). 200 rows, r = 30, k = 10: a basis of fewer than n columns, built from
+    the same pivots (random_state), so the same std."""
     from distributed import Client, LocalCluster
 
-    gp = our_gp(optimizer=None, solver="cg", variance=variance, lanczos_rank=20,
-                preconditioner_rank=60, random_state=0)
+    gp = our_gp(optimizer=None, solver="cg", variance="lanczos", lanczos_rank=10,
+                preconditioner_rank=30, tol=1e-6, random_state=0)
     stds = []
     for _ in range(2):
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                           dashboard_address=":0") as cluster, Client(cluster) as client, \
                 dask.config.set(scheduler=client):
             if not stds:
-                gp.fit(X_TRAIN[:400], Y_TRAIN[:400])
-            stds.append(gp.predict(X_TEST[:100], return_std=True)[1])
-    want = sklearn_gp(X_TRAIN[:400], Y_TRAIN[:400], optimizer=None).predict(
-        X_TEST[:100], return_std=True)[1]
+                gp.fit(X_TRAIN[:200], Y_TRAIN[:200])
+            stds.append(gp.predict(X_TEST[:50], return_std=True)[1])
     np.testing.assert_allclose(stds[1], stds[0], rtol=1e-6)
-    if variance == "cg":
-        np.testing.assert_allclose(stds[1], want, rtol=1e-6)
 
 
 def test_lanczos_below_the_preconditioner_rank_is_exact_and_refit_recomputes_it():

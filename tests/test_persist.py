@@ -298,7 +298,7 @@ def test_model_on_dask_rows_across_clients_says_to_save_it(tmp_path):
     from dkern.errors import LostDataError
 
     rng = np.random.default_rng(0)
-    X, Xt = rng.normal(size=(300, 3)), rng.normal(size=(40, 3))
+    X, Xt = rng.normal(size=(150, 3)), rng.normal(size=(20, 3))
     y = np.sin(X[:, 0])
     model = KernelRidge(kernel=Gaussian(1.5), alpha=1e-2, solver="cg")
     url = str(tmp_path / "krr.zarr")
@@ -307,7 +307,7 @@ def test_model_on_dask_rows_across_clients_says_to_save_it(tmp_path):
                           dashboard_address=":0") as cluster, Client(cluster) as client, \
                 dask.config.set(scheduler=client):
             if first:
-                want = model.fit(da.from_array(X, chunks=100), y).predict(Xt)
+                want = model.fit(da.from_array(X, chunks=50), y).predict(Xt)
                 dkern.save(model, url)
                 continue
             with pytest.raises(LostDataError, match="dkern.save the model there") as info:
