@@ -64,7 +64,11 @@ def four_workers(allowed_failures: int = 3) -> Iterator:
 
     # The client becomes the default scheduler by name: a Client object in dask's config
     # would be pickled with it into every worker process the nanny restarts, and fail.
-    with dask.config.set({"distributed.scheduler.allowed-failures": allowed_failures}), \
+    # LocalCluster closes a nanny for good when its restarted worker has not registered
+    # within lost-worker-timeout (15 s) of the kill, read when the worker is removed: on a
+    # loaded 2-core CI host a restart took longer, and the cluster stayed at 3 workers.
+    with dask.config.set({"distributed.scheduler.allowed-failures": allowed_failures,
+                          "distributed.deploy.lost-worker-timeout": "300s"}), \
             LocalCluster(n_workers=4, threads_per_worker=1, processes=True,
                          dashboard_address=":0") as cluster, \
             Client(cluster) as client:
