@@ -147,6 +147,19 @@ def as_generator(random_state: Any) -> np.random.Generator:
                          f"got {random_state!r}.") from None
 
 
+def fixed_seed(random_state: Any) -> int:
+    """An int seed: ``random_state`` itself when it is an int, else one drawn from it.
+
+    Kept by a fitted model for the random draws of caches it may rebuild later (after
+    ``dkern.load``, or under another dask client), so a rebuilt cache is the same one
+    and the model's predictions do not change. Below 2³²: JSON readers that parse
+    numbers as doubles keep it exact.
+    """
+    if isinstance(random_state, Integral) and not isinstance(random_state, bool):
+        return int(random_state)
+    return int(as_generator(random_state).integers(2**32))
+
+
 def in_memory(a: Any) -> np.ndarray:
     """``a`` as a float64 numpy array (computing it if it is a dask array)."""
     return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)

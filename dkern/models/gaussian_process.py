@@ -29,6 +29,7 @@ from ._validation import (
     check_X,
     check_y,
     checked_kernel,
+    fixed_seed,
     in_memory,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
@@ -179,6 +180,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     converged_: bool
     n_features_in_: int
     _preconditioner: NystromPreconditioner | None
+    _pivot_seed: int
     _lanczos: LanczosResult | None
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
@@ -250,6 +252,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         for stale in ("L_", "centers_", "_stats"):
             self.__dict__.pop(stale, None)
         self._preconditioner = self._lanczos = None
+        # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or
+        # under another client is then the same one, and so are the CG and LOVE stds
+        self._pivot_seed = fixed_seed(self.random_state)
         Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)  # the precision rule
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
@@ -298,7 +303,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             n = self.X_train_.shape[0]
             pre = self._preconditioner = NystromPreconditioner(
                 self.kernel_, self.X_train_, alpha, min(n, self.preconditioner_rank),
-                pivots="rpcholesky", random_state=as_generator(self.random_state))
+                pivots="rpcholesky", random_state=as_generator(self._pivot_seed))
         return pre
 
     def _lanczos_decomposition(self, alpha: float) -> LanczosResult:

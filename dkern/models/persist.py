@@ -12,7 +12,9 @@ nothing of the old model after)::
     arrays: dual_coef, X_fit (exact, cg) or centers (nystrom), residuals (cg, nystrom)
 
 A ``GaussianProcessRegressor`` stores ``alpha`` (``alpha_``), ``X_train``, ``y_train``
-and, for the exact solver, its Cholesky factor ``L``; for ``"nystrom"`` only M-sized
+(with ``pivot_seed`` in "fitted": the CG preconditioner is rebuilt on first use, and
+from the same pivots, so its stds do not change) and, for the exact solver, its
+Cholesky factor ``L``; for ``"nystrom"`` only M-sized
 arrays: ``alpha`` (the centres' weights), ``centers`` and the SGPR statistics ``L``,
 ``P``, ``b``, ``yty`` (their scalars ``sgpr_trace``, ``sgpr_n``, ``sgpr_jitter`` in
 "fitted"), and no training data; ``kernel`` is the kernel it was
@@ -49,6 +51,7 @@ from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
 from . import _gp_sparse, _gpc_store, _klr_store, _toolbox_store
+from ._validation import fixed_seed
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
@@ -77,14 +80,18 @@ _FITTED_NAMES = {
     "KernelRidge": _COMMON | {"dual_coef_lazy", "X_fit_lazy"},
     "GaussianProcessRegressor": _COMMON | {
         "variance_", "log_marginal_likelihood_value_", "y_train_mean", "y_train_std",
-        "alpha_lazy", "X_train_lazy", "y_train_lazy"},
+        "alpha_lazy", "X_train_lazy", "y_train_lazy", "pivot_seed"},
     "GaussianProcessClassifier": _gpc_store.FITTED_NAMES,
     "KernelLogisticRegression": _klr_store.FITTED_NAMES,
     **_toolbox_store.FITTED_NAMES,
 }
-#: The GP's "fitted" names that depend on the solver: training data, or SGPR's scalars.
-_GP_DATA = frozenset({"X_train_lazy", "y_train_lazy"})
+#: The GP's "fitted" names that depend on the solver: training data and the seed of the CG
+#: preconditioner's pivots (rebuilt on first use), or SGPR's scalars.
+_GP_DATA = frozenset({"X_train_lazy", "y_train_lazy", "pivot_seed"})
 _GP_SPARSE = frozenset({"sgpr_trace", "sgpr_n", "sgpr_jitter"})
+#: "fitted" names a file may lack: feature names (fitted on arrays without them) and the
+#: pivot seed (files written before dkern stored it).
+_OPTIONAL = frozenset({"feature_names_in_", "pivot_seed"})
 #: The array that marks each model as fitted.
 _FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_",
                  "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_",
@@ -253,6 +260,9 @@ def _restore_gp(model: GaussianProcessRegressor, url: str, fitted: dict[str, Any
     else:
         model.X_train_ = _read(url, "X_train", lazy=fitted.pop("X_train_lazy"))
         model.y_train_ = _read(url, "y_train", lazy=fitted.pop("y_train_lazy"))
+        # files written before the seed was stored: the pivots random_state gives
+        seed = fitted.pop("pivot_seed", None)
+        model._pivot_seed = fixed_seed(model.random_state) if seed is None else int(seed)
     if fitted["solver_"] == "exact":
         model.L_ = _read(url, "L", lazy=False)
     model._y_train_mean = np.asarray(fitted.pop("y_train_mean"), dtype=np.float64)
@@ -325,6 +335,7 @@ def _fitted_scalars(model: Model) -> dict[str, Any]:
         else:
             fitted.update({f"{name}_lazy": isinstance(getattr(model, f"{name}_"), da.Array)
                            for name in ("X_train", "y_train")})
+            fitted["pivot_seed"] = model._pivot_seed
     else:
         fitted.update({"dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
                        "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)})
@@ -410,7 +421,7 @@ def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
         sparse = fitted.get("solver_") == "nystrom"
         known = (known - _GP_DATA) | _GP_SPARSE if sparse else known
     unknown = sorted(set(fitted) - known) if isinstance(fitted, dict) else fitted
-    missing = sorted(known - {"feature_names_in_"} - set(fitted)) if not unknown else []
+    missing = sorted(known - _OPTIONAL - set(fitted)) if not unknown else []
     if unknown or missing:
         raise StoreError(
             f"{url!r}: the model's 'fitted' attributes name {unknown or missing} "
