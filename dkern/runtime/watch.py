@@ -67,8 +67,10 @@ class PauseWatch:
     def check(self) -> dict[str, tuple[int, int]]:
         """Ask once; warn if workers are newly paused. Returns the paused workers."""
         client = self._client()
-        if client is None or client.status != "running":
+        if client is None or client.status in ("closing", "closed"):
             self.stopped.set()
+            return {}
+        if client.status != "running":  # e.g. "connecting" again after a dropped comm
             return {}
         paused = paused_workers(client.scheduler_info(n_workers=-1))
         if paused and frozenset(paused) != self.warned:
