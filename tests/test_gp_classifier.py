@@ -314,7 +314,8 @@ def test_shapes_refused():
 
 
 @pytest.mark.parametrize("param, value, message", [
-    ("optimizer", "bogus", r"optimizer must be 'lbfgs', a callable optimizer\(obj_func, "
+    ("optimizer", "bogus", r"optimizer must be 'lbfgs' \(or scikit-learn's name "
+                           r"'fmin_l_bfgs_b'\), a callable optimizer\(obj_func, "
                            r"initial_theta, bounds\) -> \(theta, value\), or None; got 'bogus'"),
     ("n_restarts_optimizer", -1, "n_restarts_optimizer must be an integer >= 0; got -1"),
     ("n_restarts_optimizer", 1.5, "n_restarts_optimizer must be an integer >= 0; got 1.5"),

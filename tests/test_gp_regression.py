@@ -143,6 +143,37 @@ def test_normalize_y_and_two_targets_match_sklearn():
                                                          rel=1e-10)
 
 
+def test_default_kernel_is_learned_as_sklearns():
+    """scikit-learn 1.9 learns its default ``C() * RBF()``; so does dkern's default."""
+    X, y, Xt = X_TRAIN[:150], Y_TRAIN[:150], X_TEST[:30]
+    sk = SklearnGPR(alpha=NOISE).fit(X, y)
+    gp = GaussianProcessRegressor(alpha=NOISE).fit(X, y)
+    assert gp.kernel is None and len(gp.kernel_.theta) == 2
+    np.testing.assert_allclose(gp.kernel_.theta, sk.kernel_.theta, rtol=1e-3, atol=1e-3)
+    assert gp.log_marginal_likelihood_value_ >= sk.log_marginal_likelihood_value_ - 1e-3
+    assert_close(gp.predict(Xt), sk.predict(Xt), 1e-3)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg", "nystrom"])
+def test_one_column_targets_give_sklearns_shapes(solver):
+    """y of shape (n, 1): mean and std (m,), cov (m, m), samples (m, n_samples)."""
+    X, y, Xt = X_TRAIN[:200], Y_TRAIN[:200, None], X_TEST[:20]
+    sk = sklearn_gp(X, y, optimizer=None)
+    kw = {"n_centers": 200} if solver == "nystrom" else {}
+    with dask.config.set(scheduler="synchronous"):
+        gp = our_gp(optimizer=None, solver=solver, random_state=0, **kw).fit(X, y)
+        mean, std = gp.predict(Xt, return_std=True)
+        lazy_mean, lazy_std = gp.predict(da.from_array(Xt, chunks=7), return_std=True)
+        _, cov = gp.predict(Xt, return_cov=True)
+        draws = gp.sample_y(Xt, n_samples=3)
+    want_mean, want_std = sk.predict(Xt, return_std=True)
+    assert mean.shape == std.shape == lazy_mean.shape == lazy_std.shape == (20,)
+    assert cov.shape == (20, 20) and draws.shape == sk.sample_y(Xt, 3).shape == (20, 3)
+    assert_close(mean, want_mean, 1e-6)
+    np.testing.assert_allclose(std, want_std, rtol=1e-6)
+    np.testing.assert_allclose(lazy_std.compute(), std, rtol=1e-12)
+
+
 @pytest.mark.parametrize("solver", ["exact", "cg"])
 def test_covariance_and_samples_match_sklearn(solver):
     X, y, Xt = X_TRAIN[:300], Y_TRAIN[:300], X_TEST[:40]
@@ -385,6 +416,31 @@ def test_bounds_that_exclude_the_start_are_named():
     GaussianProcessRegressor(kernel, alpha=NOISE, optimizer=None).fit(X_TRAIN[:50], Y_TRAIN[:50])
 
 
+def test_sklearns_optimizer_name_and_a_0d_alpha_give_the_same_fit():
+    X, y = X_TRAIN[:80], Y_TRAIN[:80]
+    want = our_gp().fit(X, y)
+    got = our_gp(optimizer="fmin_l_bfgs_b", alpha=np.array(NOISE)).fit(X, y)
+    np.testing.assert_array_equal(got.kernel_.theta, want.kernel_.theta)
+    assert got.log_marginal_likelihood_value_ == want.log_marginal_likelihood_value_
+
+
+def test_a_hyperparameter_fitted_onto_its_bound_is_warned_about():
+    """As scikit-learn: here the lengthscale wants to exceed 1.5 (it fits 2.84 unbounded)."""
+    kernel = Scaled(1.0, Gaussian(1.0, lengthscale_bounds=(0.1, 1.5)))
+    with pytest.warns(ConvergenceWarning, match=r"the fitted kernel__lengthscale = 1.5 is at "
+                                                r"its upper bound 1.5.*Increase that bound"):
+        gp = GaussianProcessRegressor(kernel, alpha=NOISE).fit(X_TRAIN[:80], Y_TRAIN[:80])
+    assert np.exp(gp.kernel_.theta[1]) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("returned", [
+    lambda theta: (theta, 1.0, "extra"), lambda theta: (theta, float("nan")),
+    lambda theta: (theta[:1], 1.0), lambda theta: "done"])
+def test_a_callable_optimizer_returning_no_theta_value_pair_is_named(returned):
+    with pytest.raises(ValueError, match=r"returned .*; expected \(theta, value\).*shape \(2,\)"):
+        our_gp(optimizer=lambda f, theta, bounds: returned(theta)).fit(X_TRAIN[:40], Y_TRAIN[:40])
+
+
 def test_a_failing_optimizer_warns_with_the_best_value(monkeypatch):
     import scipy.optimize
 
@@ -449,7 +505,7 @@ def test_kernel_must_be_a_dkern_kernel():
 
 
 @parametrize_with_checks([
-    GaussianProcessRegressor(),  # scikit-learn's default: nothing to learn
+    GaussianProcessRegressor(),  # scikit-learn's default, learned
     GaussianProcessRegressor(1.0 * Gaussian(1.0), alpha=1e-2),  # the optimizer at work
 ])  # the contract does not depend on the solver: cg and nystrom are checked numerically
 def test_sklearn_estimator_checks(estimator, check):

@@ -27,12 +27,18 @@ Objective = Callable[..., Any]
 Likelihood = Callable[[Kernel, bool], tuple[float, np.ndarray]]
 
 
+#: L-BFGS-B's names: dkern's, and scikit-learn's (its default) for code written for it.
+LBFGS_NAMES = ("lbfgs", "fmin_l_bfgs_b")
+
+
 def check_optimizer(optimizer: Any, n_restarts: Any) -> None:
-    """Raise unless ``optimizer`` is "lbfgs", None or a callable, and ``n_restarts`` >= 0."""
+    """Raise unless ``optimizer`` is "lbfgs" ("fmin_l_bfgs_b"), None or a callable, and
+    ``n_restarts`` >= 0."""
     if not (optimizer is None or callable(optimizer)
-            or (isinstance(optimizer, str) and optimizer == "lbfgs")):
-        raise ValueError(f"optimizer must be 'lbfgs', a callable optimizer(obj_func, "
-                         f"initial_theta, bounds) -> (theta, value), or None; got {optimizer!r}.")
+            or (isinstance(optimizer, str) and optimizer in LBFGS_NAMES)):
+        raise ValueError(f"optimizer must be 'lbfgs' (or scikit-learn's name 'fmin_l_bfgs_b'), "
+                         f"a callable optimizer(obj_func, initial_theta, bounds) -> (theta, "
+                         f"value), or None; got {optimizer!r}.")
     if isinstance(n_restarts, bool) or not isinstance(n_restarts, Integral) or n_restarts < 0:
         raise ValueError(f"n_restarts_optimizer must be an integer >= 0; got {n_restarts!r}.")
 
@@ -81,15 +87,28 @@ def optimize(kernel: Kernel, lml: Likelihood, optimizer: Any, n_restarts: int,
             "kernel's bounds, increase alpha (regression), or pass optimizer=None.")
     logger.info("GP optimizer: best log marginal likelihood %.6g over %d runs", -neg_value,
                 len(runs))
+    _warn_at_bounds(kernel, theta)
     return np.asarray(theta, dtype=float), float(-neg_value)
+
+
+def _warn_at_bounds(kernel: Kernel, theta: np.ndarray) -> None:
+    """Warn for each hyperparameter that ends on a bound: a better value may lie beyond it
+    (scikit-learn's test: ``np.isclose`` in log space)."""
+    at_bound = np.isclose(kernel.bounds, np.asarray(theta)[:, None])
+    for k, side in zip(*np.nonzero(at_bound), strict=True):
+        bound = np.exp(kernel.bounds[k, side])
+        warnings.warn(
+            f"the fitted {kernel.hyperparameter_names[k]} = {np.exp(theta[k]):.6g} is at its "
+            f"{'lower' if side == 0 else 'upper'} bound {bound:.6g}: a better value may lie "
+            f"beyond it. {'Decrease' if side == 0 else 'Increase'} that bound and fit again.",
+            ConvergenceWarning, stacklevel=4)
 
 
 def _run(objective: Objective, start: np.ndarray, bounds: np.ndarray,
          optimizer: Any) -> tuple[np.ndarray, float]:
     """One optimizer run from ``start``: (theta, minimum of -ln p)."""
     if callable(optimizer):
-        theta, value = optimizer(objective, start, bounds)
-        return np.asarray(theta, dtype=float), float(value)
+        return _checked_result(optimizer(objective, start, bounds), optimizer, len(start))
     result = scipy.optimize.minimize(objective, start, method="L-BFGS-B", jac=True,
                                      bounds=bounds)
     if not result.success:
@@ -99,3 +118,18 @@ def _run(objective: Objective, start: np.ndarray, bounds: np.ndarray,
             "Raise n_restarts_optimizer, narrow the kernel's bounds, or increase alpha.",
             ConvergenceWarning, stacklevel=4)
     return np.asarray(result.x, dtype=float), float(result.fun)
+
+
+def _checked_result(result: Any, optimizer: Any, p: int) -> tuple[np.ndarray, float]:
+    """A callable optimizer's ``(theta (p,), value)``, or a ValueError naming what it returned."""
+    try:
+        theta, value = result
+        theta, value = np.asarray(theta, dtype=float), float(value)
+    except (TypeError, ValueError):
+        theta, value = None, np.nan
+    if theta is None or theta.shape != (p,) or not np.all(np.isfinite(theta)) or np.isnan(value):
+        raise ValueError(
+            f"optimizer={optimizer!r} returned {result!r:.200}; expected (theta, value): the "
+            f"best finite log-hyperparameters found, shape ({p},), and obj_func's value there "
+            "(minus the log marginal likelihood, a number).")
+    return theta, value

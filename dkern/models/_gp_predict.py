@@ -42,11 +42,12 @@ def predict(gp: GaussianProcessRegressor, X: Any, return_std: bool, return_cov: 
         mean = _unnormalized(gp, gram(gp.kernel_, X, gp.X_train_, backend=gp.backend,
                                       dtype=np.float64, name="dkern-predict") @ gp.alpha_)
         var = _latent_variance(gp, X) if return_std else None
+    mean = _single_target_squeezed(gp, mean, ndim=2)
     if return_cov:
         cov = _latent_covariance(gp, in_memory(X))
-        return in_memory(mean), _scaled(gp, cov, power=2)
-    std = None if var is None else _scaled(
-        gp, da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var), power=1)
+        return in_memory(mean), _single_target_squeezed(gp, _scaled(gp, cov, power=2), ndim=3)
+    std = None if var is None else _single_target_squeezed(gp, _scaled(
+        gp, da.sqrt(var) if isinstance(var, da.Array) else np.sqrt(var), power=1), ndim=2)
     if out is not None:
         _write_prediction(out, mean, std, overwrite)
         return out
@@ -68,6 +69,17 @@ def _scaled(gp: GaussianProcessRegressor, latent: Any, power: int) -> Any:
         return latent * gp._y_train_std[0] ** power
     factor = gp._y_train_std ** power
     return latent[..., None] * factor
+
+
+def _single_target_squeezed(gp: GaussianProcessRegressor, a: Any, ndim: int) -> Any:
+    """``a`` without its target axis when y was one column (n, 1), as scikit-learn returns.
+
+    ``ndim`` is ``a``'s with a target axis: 2 for a mean or std, 3 for a covariance (the
+    sparse GP's mean has none already).
+    """
+    if a.ndim == ndim and gp.alpha_.ndim == 2 and gp.alpha_.shape[1] == 1:
+        return a[..., 0]
+    return a
 
 
 def _latent_variance(gp: GaussianProcessRegressor, X: Any) -> Any:

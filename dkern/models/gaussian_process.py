@@ -58,10 +58,11 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     Parameters
     ----------
     kernel : dkern kernel, optional
-        Default ``Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
-        constant_bounds="fixed")``: scikit-learn's default, nothing to learn. The
-        learnable hyperparameters are the kernel's ``theta`` (lengthscales, ARD
-        included, and the constant ``c`` of ``c * k``; see ``kernel.bounds``).
+        Default ``Scaled(1.0, Gaussian(1.0))``, both hyperparameters learnable within
+        (1e-5, 1e5): scikit-learn's ``C() * RBF()`` (since 1.9; fixed before), learned
+        unless ``optimizer=None``. The learnable hyperparameters are the kernel's
+        ``theta`` (lengthscales, ARD included, and the constant ``c`` of ``c * k``; see
+        ``kernel.bounds``).
     alpha : float, default=1e-10
         Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 otherwise.
         Never learned (as in scikit-learn): the optimizer tunes the kernel only.
@@ -113,13 +114,14 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         costs n floats of memory and one kernel column, and ``"lanczos"`` one more
         column of every ``K(X*, X) V`` product. Used by ``solver="cg"`` and by
         ``variance="cg"`` or ``"lanczos"``; unused otherwise.
-    optimizer : "lbfgs", callable or None, default="lbfgs"
+    optimizer : "lbfgs" (or "fmin_l_bfgs_b"), callable or None, default="lbfgs"
         Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
         (L-BFGS-B in log space with the analytic gradient): the exact one for
         ``"exact"``/``"cg"`` (n <= ``EXACT_MAX_N``), the SGPR bound for ``"nystrom"``
         (any n; each evaluation two passes over X, the centres fixed). A callable
         ``optimizer(obj_func, initial_theta, bounds) -> (theta, min_value)`` as
-        scikit-learn's. None keeps the kernel's hyperparameters.
+        scikit-learn's. None keeps the kernel's hyperparameters. A hyperparameter
+        fitted onto a bound is warned about (ConvergenceWarning), as scikit-learn does.
     n_restarts_optimizer : int, default=0
         Extra optimizer runs from starts drawn uniformly in the log-bounds.
     normalize_y : bool, default=False
@@ -232,9 +234,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         -------
         self
         """
-        kernel = checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
-            self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
-                                constant_bounds="fixed"))
+        kernel = checked_kernel(self.kernel, Scaled(1.0, Gaussian(1.0)))  # C() * RBF()
         solver, variance = _gp_methods.checked_methods(self.solver, self.variance,
                                                        self.n_centers, self.lanczos_rank,
                                                        self.preconditioner_rank)
@@ -274,10 +274,13 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return self
 
     def _checked_alpha(self, solver: str) -> float:
-        if np.ndim(self.alpha) != 0:
-            raise ValueError(f"alpha must be one number (the noise variance added to every "
-                             f"diagonal entry); got an array of shape {np.shape(self.alpha)}.")
-        return check_alpha(self.alpha, solver, role="the noise variance added to the diagonal",
+        if np.ndim(self.alpha) != 0:  # scikit-learn also takes one value per training row
+            raise ValueError(f"alpha must be one number, the noise variance added to every "
+                             f"diagonal entry (dkern has no per-row noise); got an array of "
+                             f"shape {np.shape(self.alpha)}. Pass one float, e.g. "
+                             f"alpha=float(np.mean(alpha)).")
+        alpha = self.alpha.item() if isinstance(self.alpha, np.ndarray) else self.alpha
+        return check_alpha(alpha, solver, role="the noise variance added to the diagonal",
                            example="1e-6")
 
     def _normalized(self, y: Any) -> Any:
@@ -357,6 +360,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         Returns
         -------
         mean : ndarray of shape (m,) or (m, t)
+            (m,) also for y of shape (n, 1), as scikit-learn returns (std and cov alike).
             A lazy dask array for dask/Zarr X.
         std : ndarray of shape (m,) or (m, t), only with ``return_std``
         cov : ndarray of shape (m, m) or (m, m, t), only with ``return_cov``

@@ -60,7 +60,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         constant_bounds="fixed")``: scikit-learn's default ``1.0 * RBF(1.0)``, nothing to
         learn. The learnable hyperparameters are the kernel's ``theta`` (see
         ``kernel.bounds``).
-    optimizer : "lbfgs", callable or None, default="lbfgs"
+    optimizer : "lbfgs" (or "fmin_l_bfgs_b"), callable or None, default="lbfgs"
         Maximises the Laplace log marginal likelihood (see
         ``log_marginal_likelihood``) over ``theta`` within ``kernel.bounds``: L-BFGS-B in
         log space with the analytic gradient (R&W Alg. 5.1), each evaluation a Newton
