@@ -75,6 +75,9 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
     from .solvers import SolveMonitor, remove_checkpoint
 
     check_model_options(args)
+    if args.checkpoint is not None and _same_location(args.checkpoint, args.model):
+        args.usage_error(f"--checkpoint {args.checkpoint!r} is the --model store; the fit's "
+                         "checkpoints need a store of their own, e.g. --checkpoint ckpt.zarr")
     check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
     model = gp_model(args) if args.model_type == "gp" else _krr_model(args)
     monitor = SolveMonitor()
@@ -95,6 +98,13 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _same_location(a: str, b: str) -> bool:
+    """Whether two store paths or URLs name the same store (local paths resolved)."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _krr_model(args: argparse.Namespace) -> Any:
     from . import KernelRidge
     from .kernels import from_repr
@@ -110,6 +120,7 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
     from . import GaussianProcessRegressor, KernelRidge, load
 
     std_out = std_path(args)  # usage errors before the model is read
+    _refuse_outputs_over_inputs(args, std_out)
     model = load(args.model)
     if not isinstance(model, KernelRidge | GaussianProcessRegressor):
         raise ValueError(f"dkern predict writes regression predictions; the model "
@@ -138,6 +149,23 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
         if args.y:
             report["rmse"] = _rmse(args.data, args.out, args.y)
     return report
+
+
+def _refuse_outputs_over_inputs(args: argparse.Namespace, std_out: str | None) -> None:
+    """A usage error when ``--out`` or the std's array is ``--x`` or ``--y`` or a group
+    holding one: ``--overwrite`` would replace the data the command reads (and with ``--y``
+    the RMSE would compare the predictions with themselves)."""
+    inputs = {"--x": args.x.strip("/")}
+    if args.y:
+        inputs["--y"] = args.y.strip("/")
+    outputs = {"--out": args.out.strip("/")}
+    if std_out is not None:
+        outputs["--std-out" if args.std_out else "--std's array"] = std_out
+    for out_flag, out in outputs.items():
+        for in_flag, path in inputs.items():
+            if path == out or path.startswith(f"{out}/"):
+                args.usage_error(f"{out_flag} {out!r} would replace the input {in_flag} "
+                                 f"{path!r}; write the predictions to another array")
 
 
 def _check_truth(model: Any, args: argparse.Namespace) -> None:

@@ -268,6 +268,38 @@ def test_predict_refuses_a_wrong_y_before_writing(capsys, saved_model, truth):
     assert "pred" not in list_arrays(store)  # refused before the predictions were written
 
 
+@pytest.mark.parametrize(("outputs", "message"), [
+    (["--out", "X_test"], "--out 'X_test' would replace the input --x 'X_test'"),
+    (["--out", "y_test", "--y", "y_test"], "--out 'y_test' would replace the input --y"),
+    (["--out", "pred", "--std", "--std-out", "X_test"],
+     "--std-out 'X_test' would replace the input --x 'X_test'"),
+    (["--out", "y", "--std", "--y", "y_std"], "--std's array 'y_std' would replace the input --y"),
+])
+def test_predict_outputs_may_not_replace_its_inputs(capsys, saved_model, outputs, message):
+    """Even with --overwrite: the input (and an RMSE of the predictions against themselves)
+    would be lost. A usage error, before the model is read; the store is unchanged."""
+    store, model = saved_model
+    before = {name: open_array(store, name)[:] for name in list_arrays(store)}
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["predict", "--model", model, "--data", store, "--x", "X_test", "--overwrite",
+                  "--workers", "1", *outputs])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert sorted(list_arrays(store)) == sorted(before)
+    for name, values in before.items():
+        np.testing.assert_array_equal(open_array(store, name)[:], values)
+
+
+def test_a_checkpoint_at_the_model_path_is_a_usage_error(capsys, saved_model, tmp_path):
+    """Refused before the fit (it once ran CG, then failed to save over its checkpoints)."""
+    store, _ = saved_model
+    model = str(tmp_path / "new_model.zarr")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fit", "--data", store, "--x", "X_test", "--y", "y_test", "--solver", "cg",
+                  "--model", model, "--checkpoint", str(tmp_path / "." / "new_model.zarr")])
+    assert exc.value.code == 2 and "is the --model store" in capsys.readouterr().err
+    assert not os.path.exists(model)
+
+
 def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, tmp_path):
     store, model = saved_model
     code, _, err = run(capsys, "fit", "--data", store, "--x", "X_test", "--y", "y_test",
