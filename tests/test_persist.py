@@ -141,8 +141,10 @@ def test_saving_over_a_model_leaves_exactly_the_new_model(tmp_path):
     assert dkern.io.list_arrays(url) == ["centers", "dual_coef", "residuals"]  # no X_fit
     on_disk, used = stored_folders(url)
     assert on_disk == used  # the old n x d X_fit is gone from the disk too
-    assert set(dkern.io.read_attrs(url)) == {"dkern_model", "format", "dkern_version", "kernel",
-                                              "kernel_is_default", "params", "fitted"}
+    attrs = dkern.io.read_attrs(url)
+    assert set(attrs) == {"dkern_model", "format", "dkern_version", "arrays", "kernel",
+                          "kernel_is_default", "params", "fitted"}
+    assert attrs["arrays"] == ["centers", "dual_coef", "residuals"]
     assert np.array_equal(dkern.load(url).predict(X_NEW), new.predict(X_NEW))
 
 
@@ -220,10 +222,24 @@ def test_saving_into_a_data_store_is_refused_even_with_overwrite(tmp_path, overw
     deleted the training data (it used to say "pass overwrite=True", and then did)."""
     url = str(tmp_path / "data.zarr")
     dkern.io.write_arrays(url, {"X": X})
-    with pytest.raises(StoreError, match=r"holds data arrays \['X'\], not a saved model") as err:
+    with pytest.raises(StoreError, match=r"holds data arrays \['X'\], not part of a saved"):
         dkern.save(KernelRidge(solver="exact").fit(X, Y), url, overwrite=overwrite)
-    assert "overwrite" not in str(err.value)
     np.testing.assert_array_equal(dkern.io.open_array(url, "X").compute(), X)
+
+
+def test_saving_over_a_model_keeps_arrays_written_beside_it(tmp_path):
+    """Predictions written into a model's store (predict(out=(url, "mean"))) were deleted by
+    the next save with overwrite=True; now that save is refused and both stay."""
+    model = KernelRidge(solver="exact").fit(X, Y)
+    url, _ = roundtrip(model, tmp_path)
+    model.predict(X_NEW, out=(url, "mean"))
+    with pytest.raises(StoreError, match=r"holds a saved KernelRidge model and data arrays "
+                                         r"\['mean'\], not part of a saved model") as err:
+        dkern.save(model, url, overwrite=True)
+    assert "overwrite" not in str(err.value)
+    np.testing.assert_array_equal(dkern.io.open_array(url, "mean").compute(),
+                                  model.predict(X_NEW))
+    np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), model.predict(X_NEW))
 
 
 # ------------------------------------------------------------- GaussianProcessClassifier

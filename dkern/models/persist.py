@@ -5,11 +5,15 @@ group, so readers see the old model or the complete new one, and the store holds
 nothing of the old model after)::
 
     attrs:  {"dkern_model": "KernelRidge", "format": 1, "dkern_version": "0.1.0",
+             "arrays": ["X_fit", "dual_coef", "residuals"],
              "kernel": "Gaussian(lengthscale=1.0)", "kernel_is_default": false,
              "params": {... get_params(deep=False) without the kernel ...},
              "fitted": {"solver_": "cg", "n_iter_": 41, "converged_": true,
                         "n_features_in_": 6, "X_fit_lazy": false, "dual_coef_lazy": false}}
     arrays: dual_coef, X_fit (exact, cg) or centers (nystrom), residuals (cg, nystrom)
+
+"arrays" names the model's own arrays: saving over a model refuses to delete any other
+array found beside them (e.g. predictions written into the model's store).
 
 A ``GaussianProcessRegressor`` stores ``alpha`` (``alpha_``), ``X_train``, ``y_train``
 (with ``pivot_seed`` in "fitted": the CG preconditioner is rebuilt on first use, and
@@ -134,9 +138,10 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     url = os.fspath(url)
     if kind in _toolbox_store.FITTED_NAMES:  # the memory-based models: their training data
         check_can_save(url, overwrite=overwrite)
-        write_arrays(url, _toolbox_store.arrays(model), overwrite=overwrite, replace_all=True,
+        arrays = _toolbox_store.arrays(model)
+        write_arrays(url, arrays, overwrite=overwrite, replace_all=True,
                      attrs={"dkern_model": kind, "format": MODEL_FORMAT,
-                            "dkern_version": __version__,
+                            "dkern_version": __version__, "arrays": sorted(arrays),
                             **_toolbox_store.attrs(model, _kernel_text)})
         logger.info("saved %s to %r", kind, url)
         return
@@ -150,7 +155,7 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     else:
         arrays = _gp_arrays(model) if is_gp else _krr_arrays(model)
     attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
-             "dkern_version": __version__, "kernel": kernel_text,
+             "dkern_version": __version__, "arrays": sorted(arrays), "kernel": kernel_text,
              "kernel_is_default": model.kernel is None, "params": _json_params(model),
              "fitted": _fitted_scalars(model)}
     if is_gp:  # learned hyperparameters: the fitted kernel differs from the one given
@@ -356,16 +361,21 @@ def check_can_save(url: Url, *, overwrite: bool = False) -> None:
     ------
     StoreError
         The store already holds a model and ``overwrite`` is False, or it holds data
-        arrays (a model file replaces everything in its store, so that is refused even
-        with ``overwrite``).
+        arrays, beside a model or not (a model file replaces every array of its store's
+        top-level group, so that is refused even with ``overwrite``).
     """
     url = os.fspath(url)
     found = _existing_attrs(url)
-    data = [] if "dkern_model" in found else _existing_arrays(url)
+    present = _existing_arrays(url)
+    # files written before "arrays" was stored: all their arrays count as the model's
+    data = sorted(set(present) - set(found.get("arrays", present))) if "dkern_model" in found \
+        else present
     if data:  # never offer overwrite here: it would delete the data arrays
-        raise StoreError(f"{url!r} holds data arrays {data}, not a saved model; a model file "
-                         "replaces everything in its store. Save the model to a store of its "
-                         "own, e.g. a new path ending in .zarr.")
+        beside = f"a saved {found['dkern_model']} model and " if "dkern_model" in found else ""
+        raise StoreError(f"{url!r} holds {beside}data arrays {data}, not part of a saved "
+                         "model; a model file replaces every array of its store. Save the "
+                         "model to a store of its own, e.g. a new path ending in .zarr, or "
+                         "move those arrays.")
     if "dkern_model" in found and not overwrite:
         raise StoreError(f"{url!r} already holds a saved {found['dkern_model']} model; pass "
                          "overwrite=True to replace it (the old one stays readable until the "
