@@ -345,7 +345,10 @@ def test_predict_writes_mean_and_std_to_a_zarr_group(tmp_path, solver):
                           out=(url, "gp")) == (url, "gp")
         with pytest.raises(dkern.errors.StoreError, match="overwrite"):
             gp.predict(Xt, return_std=True, out=(url, "gp"))
-        gp.predict(Xt, out=(url, "gp"), overwrite=True)
+        with pytest.raises(dkern.errors.StoreError, match="holds a 'std' from an earlier"):
+            gp.predict(Xt, out=(url, "gp"), overwrite=True)  # it would leave a stale std
+        gp.predict(da.from_array(Xt, chunks=(32, -1)), return_std=True, out=(url, "gp"),
+                   overwrite=True)
     # the dask path works on 32-row chunks: BLAS rounds differently than on all 70 rows
     np.testing.assert_allclose(dkern.io.open_array(url, "gp/std").compute(), want[1],
                                rtol=1e-12)
@@ -392,6 +395,33 @@ def test_a_file_without_the_pivot_seed_loads_with_random_states_pivots(tmp_path)
 # ------------------------------------------------------------------------- bad input
 def fitted_small():
     return our_gp(optimizer=None).fit(X_TRAIN[:50], Y_TRAIN[:50])
+
+
+def test_unfitted_predictions_and_samples_are_sklearns_prior():
+    """Before fit scikit-learn predicts (and samples) from the prior; so does dkern."""
+    Xt = X_TEST[:25]
+    for kernel, sk_kernel in [(None, None), (CONST * Gaussian(ELL), C(CONST) * RBF(ELL))]:
+        gp, sk = GaussianProcessRegressor(kernel), SklearnGPR(sk_kernel)
+        mean, std = gp.predict(Xt, return_std=True)
+        want_mean, want_std = sk.predict(Xt, return_std=True)
+        np.testing.assert_array_equal(mean, want_mean)
+        np.testing.assert_allclose(std, want_std, rtol=1e-12)
+        np.testing.assert_allclose(gp.predict(Xt, return_cov=True)[1],
+                                   sk.predict(Xt, return_cov=True)[1], rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(gp.sample_y(Xt, 2, random_state=3),
+                                   sk.sample_y(Xt, 2, random_state=3), rtol=1e-7, atol=1e-7)
+        lazy_mean, lazy_std = gp.predict(da.from_array(Xt, chunks=10), return_std=True)
+        np.testing.assert_allclose(lazy_std.compute(), std, rtol=1e-12)
+        assert lazy_mean.shape == (25,) and not hasattr(gp, "alpha_")
+
+
+def test_sample_y_takes_a_generator_and_checks_n_samples():
+    gp = fitted_small()
+    draws = gp.sample_y(X_TEST[:5], 4, random_state=np.random.default_rng(1))
+    assert draws.shape == (5, 4) and np.all(np.isfinite(draws))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"n_samples must be an integer >= 1 .*got {bad}"):
+            gp.sample_y(X_TEST[:5], bad)
 
 
 def test_return_std_and_return_cov_together_are_refused():

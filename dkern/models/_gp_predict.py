@@ -16,7 +16,8 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..io import is_store_ref, write_arrays
+from ..errors import StoreError
+from ..io import is_store_ref, list_arrays, write_arrays
 from ..operators import gram
 from ..solvers.sgpr import sgpr_predict
 from . import _gp_exact, _gp_lanczos, _gp_sparse
@@ -118,5 +119,18 @@ def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> No
     if not is_store_ref(out):
         raise TypeError(f"out must be a (url, group) tuple: a str or path-like store and a str "
                         f"group path, e.g. ('preds.zarr', 'gp'); got {out!r}.")
+    if std is None and overwrite and "std" in _arrays_at(out):
+        raise StoreError(f"the group {out[1]!r} of {out[0]!r} holds a 'std' from an earlier "
+                         "prediction, which a new mean alone would leave beside it, no longer "
+                         "matching. Pass return_std=True to replace both, or write to another "
+                         "group (nothing was written).")
     arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
     write_arrays(out[0], arrays, group=out[1], overwrite=overwrite)
+
+
+def _arrays_at(out: tuple[Any, str]) -> list[str]:
+    """The arrays of the group ``out`` names; none if it does not exist yet."""
+    try:
+        return list_arrays(out[0], out[1])
+    except StoreError:
+        return []

@@ -35,7 +35,7 @@ def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
         estimator.n_features_in_ = Xd.shape[1]
         if hasattr(estimator, "feature_names_in_"):
             del estimator.feature_names_in_
-    elif Xd.shape[1] != estimator.n_features_in_:
+    elif Xd.shape[1] != getattr(estimator, "n_features_in_", Xd.shape[1]):  # unfitted: any
         raise ValueError(f"X has {Xd.shape[1]} features, but {type(estimator).__name__} is "
                          f"expecting {estimator.n_features_in_} features as input.")
     return Xd

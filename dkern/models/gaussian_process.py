@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import dask
@@ -213,6 +214,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
+        tags.requires_fit = False  # unfitted, predict and sample_y use the prior
         return tags
 
     # ------------------------------------------------------------------ fit
@@ -234,7 +236,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         -------
         self
         """
-        kernel = checked_kernel(self.kernel, Scaled(1.0, Gaussian(1.0)))  # C() * RBF()
+        kernel = self._given_kernel()
         solver, variance = _gp_methods.checked_methods(self.solver, self.variance,
                                                        self.n_centers, self.lanczos_rank,
                                                        self.preconditioner_rank)
@@ -272,6 +274,10 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
         return self
+
+    def _given_kernel(self) -> Kernel:
+        """``kernel``, or the default: scikit-learn's ``C() * RBF()``."""
+        return checked_kernel(self.kernel, Scaled(1.0, Gaussian(1.0)))
 
     def _checked_alpha(self, solver: str) -> float:
         if np.ndim(self.alpha) != 0:  # scikit-learn also takes one value per training row
@@ -338,6 +344,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                 out: tuple[str, str] | None = None, *, overwrite: bool = False) -> Any:
         """Posterior mean, and the latent standard deviation or covariance, at X.
 
+        Before ``fit``, as scikit-learn, the prior's: mean 0 and ``k(x, x)`` (``kernel``
+        or the default), for numpy or dask X (not with ``out``).
+
         Parameters
         ----------
         X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
@@ -365,9 +374,13 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         std : ndarray of shape (m,) or (m, t), only with ``return_std``
         cov : ndarray of shape (m, m) or (m, m, t), only with ``return_cov``
         """
+        if return_std and return_cov:  # scikit-learn's error and message, and the fix
+            raise RuntimeError("At most one of return_std or return_cov can be requested. "
+                               "Ask for the pointwise std and the joint covariance in two "
+                               "calls.")
+        if not hasattr(self, "alpha_") and out is None:  # as scikit-learn: the prior
+            return self._prior_predict(X, return_std, return_cov)
         check_is_fitted(self, "alpha_")
-        if return_std and return_cov:
-            raise RuntimeError("At most one of return_std or return_cov can be requested.")
         if out is not None and return_cov:
             raise ValueError("out= writes the mean and std; return_cov cannot be written. Use "
                              "return_std=True with out=, or return_cov without out=.")
@@ -376,6 +389,23 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if return_cov:
             _check_cov_size(Xw.shape[0])
         return _gp_predict.predict(self, Xw, return_std, return_cov, out, overwrite)
+
+    def _prior_predict(self, X: Any, return_std: bool, return_cov: bool) -> Any:
+        """Mean 0 and the prior's std ``sqrt(k(x, x))`` or covariance ``K(X, X)``."""
+        kernel = self._given_kernel()
+        Xv = check_X(self, X, reset=False)
+        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        if return_cov:
+            _check_cov_size(Xw.shape[0])
+            Xm = in_memory(Xw)
+            return np.zeros(len(Xm)), kernel(Xm)
+        if isinstance(Xw, da.Array):
+            mean = da.zeros(Xw.shape[0], chunks=Xw.chunks[0])
+            std = da.map_blocks(_prior_std_block, Xw, kernel=kernel, drop_axis=1,
+                                dtype=np.float64, meta=np.empty((0,)))
+        else:
+            mean, std = np.zeros(len(Xw)), _prior_std_block(Xw, kernel)
+        return (mean, std) if return_std else mean
 
     # ------------------------------------------------- likelihood and samples
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
@@ -426,19 +456,36 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return _gp_sparse.SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
 
     def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
-        """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn.
+        """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn
+        (before ``fit``: from the prior).
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
+        n_samples : int, default=1
+        random_state : int, RandomState, Generator or None, default=0
+            An int or RandomState draws what scikit-learn draws.
 
         Returns
         -------
         ndarray of shape (m, n_samples) or (m, t, n_samples)
         """
-        rng = check_random_state(random_state)
+        if isinstance(n_samples, bool) or not isinstance(n_samples, Integral) or n_samples < 1:
+            raise ValueError(f"n_samples must be an integer >= 1 (draws per point); got "
+                             f"{n_samples!r}.")
+        rng = (random_state if isinstance(random_state, np.random.Generator)
+               else check_random_state(random_state))  # an int: scikit-learn's draws
         mean, cov = self.predict(X, return_cov=True)
         if mean.ndim == 1:
             return rng.multivariate_normal(mean, cov, n_samples).T
         draws = [rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
                  for k in range(mean.shape[1])]
         return np.hstack(draws)
+
+
+def _prior_std_block(X: np.ndarray, kernel: Kernel) -> np.ndarray:
+    """``sqrt(k(x, x))`` of each row of a block: the prior's standard deviation."""
+    return np.sqrt(kernel.diag(X))
 
 
 def _computing_client_id() -> str | None:
