@@ -395,9 +395,11 @@ def test_optimizer_failure_warns_and_keeps_the_best_value_found(monkeypatch):
 
 
 def test_newton_cap_warns():
-    with pytest.warns(ConvergenceWarning, match="Newton stopped at max_iter_predict=1"):
+    with pytest.warns(ConvergenceWarning, match="Newton stopped at max_iter_predict=1") as got:
         GaussianProcessClassifier(Gaussian(5.0), optimizer=None,
                                   max_iter_predict=1).fit(X_SMALL, Y_SMALL)
+    # one step: no earlier objective to compare with (it used to say "rising by inf")
+    assert all("inf" not in str(w.message) for w in got)
 
 
 # --------------------------------------------------------------------------- scikit-learn API

@@ -239,6 +239,13 @@ def test_y_length_mismatch_names_both():
         KernelRidge().fit(X_SMALL, Y_SMALL[:49])
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_y_without_target_columns_is_refused(lazy):
+    y = np.empty((50, 0))
+    with pytest.raises(ValueError, match=r"y has shape \(50, 0\): no target columns"):
+        KernelRidge().fit(X_SMALL, da.from_array(y) if lazy else y)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_y(bad):
     y = Y_SMALL.copy()

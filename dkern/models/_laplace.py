@@ -79,9 +79,11 @@ def _newton_done(psi_new: float, psi: float, step: int, max_iter: int) -> bool:
     if psi_new - psi < NEWTON_TOL:
         return True
     if step == max_iter:
+        # after the first step there is no earlier objective to compare with (psi = -inf)
+        rising = f"still rising by {psi_new - psi:.2e}" if np.isfinite(psi) else \
+            "not yet checked for convergence (one step)"
         warnings.warn(f"Laplace: Newton stopped at max_iter_predict={max_iter} with the objective "
-                      f"still rising by {psi_new - psi:.2e}; raise max_iter_predict.",
-                      ConvergenceWarning, stacklevel=4)
+                      f"{rising}; raise max_iter_predict.", ConvergenceWarning, stacklevel=4)
     return False
 
 

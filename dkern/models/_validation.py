@@ -53,6 +53,9 @@ def check_y(y: Any, n_rows: int, owner: str) -> np.ndarray | da.Array:
     if yv.shape[0] != n_rows:
         raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one target row "
                          "per sample of X.")
+    if yv.ndim == 2 and yv.shape[1] == 0:
+        raise ValueError(f"y has shape {yv.shape}: no target columns. Pass at least one target, "
+                         "shape (n_samples,) or (n_samples, n_targets).")
     return yv
 
 
