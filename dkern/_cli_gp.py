@@ -84,3 +84,9 @@ def refuse_taken(args: argparse.Namespace, std_out: str | None) -> None:
     if taken and not args.overwrite:
         raise StoreError(f"{args.data!r} already has arrays {taken}; pass --overwrite to "
                          "replace them (nothing was computed).")
+    stale = f"{paths[0]}_std"  # the std an earlier `--std` wrote beside this mean
+    if taken and std_out is None and stale.rpartition("/")[2] in present:
+        raise StoreError(f"{args.data!r} holds {stale!r} from an earlier prediction, which a "
+                         f"new mean alone would leave beside {paths[0]!r}, no longer matching. "
+                         "Add --std to replace both, or write to another --out (nothing was "
+                         "computed).")

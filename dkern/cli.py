@@ -75,9 +75,12 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
     from .solvers import SolveMonitor, remove_checkpoint
 
     check_model_options(args)
-    if args.checkpoint is not None and _same_location(args.checkpoint, args.model):
-        args.usage_error(f"--checkpoint {args.checkpoint!r} is the --model store; the fit's "
-                         "checkpoints need a store of their own, e.g. --checkpoint ckpt.zarr")
+    for flag, path in (("--model", args.model), ("--data", args.data)):
+        if args.checkpoint is not None and _overlapping(args.checkpoint, path):
+            # the checkpoint is removed, recursively, once the model is saved
+            args.usage_error(f"--checkpoint {args.checkpoint!r} and {flag} {path!r} are the "
+                             "same store or one holds the other; the fit's checkpoints need "
+                             "a store of their own, e.g. --checkpoint ckpt.zarr")
     check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
     model = gp_model(args) if args.model_type == "gp" else _krr_model(args)
     monitor = SolveMonitor()
@@ -98,11 +101,12 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _same_location(a: str, b: str) -> bool:
-    """Whether two store paths or URLs name the same store (local paths resolved)."""
-    if "://" in a or "://" in b:
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(a) == os.path.realpath(b)
+def _overlapping(a: str, b: str) -> bool:
+    """Whether two store paths or URLs name the same store or one lies inside the other."""
+    from .io import store_location
+
+    a, b = store_location(a), store_location(b)
+    return a == b or a.startswith(f"{b}/") or b.startswith(f"{a}/")
 
 
 def _krr_model(args: argparse.Namespace) -> Any:
@@ -120,6 +124,11 @@ def _predict(args: argparse.Namespace) -> dict[str, Any]:
     from . import GaussianProcessRegressor, KernelRidge, load
 
     std_out = std_path(args)  # usage errors before the model is read
+    if _overlapping(args.data, args.model):
+        args.usage_error(f"--data {args.data!r} and --model {args.model!r} are the same store "
+                         "or one holds the other: the predictions would be written into the "
+                         "model's store. Keep the data (X and the predictions) in a store of "
+                         "its own")
     _refuse_outputs_over_inputs(args, std_out)
     model = load(args.model)
     if not isinstance(model, KernelRidge | GaussianProcessRegressor):
@@ -173,7 +182,10 @@ def _check_truth(model: Any, args: argparse.Namespace) -> None:
     from .io import open_array
 
     coef = model.dual_coef_ if hasattr(model, "dual_coef_") else model.alpha_  # KRR or GP
-    want = (open_array(args.data, args.x).shape[0], *coef.shape[1:])
+    targets = coef.shape[1:]
+    if targets == (1,) and not hasattr(model, "dual_coef_"):
+        targets = ()  # a GP fitted on y (n, 1) predicts (m,), as scikit-learn's
+    want = (open_array(args.data, args.x).shape[0], *targets)
     got = open_array(args.data, args.y).shape
     if got != want:
         raise ValueError(f"--y {args.y!r} has shape {got}, but the predictions for --x "
@@ -187,8 +199,11 @@ def _rmse(store: str, pred: str, truth: str) -> float:
 
     from .io import open_array
 
-    diff = open_array(store, pred) - open_array(store, truth)
-    return float(da.sqrt((diff**2).mean()).compute())
+    predicted, true = open_array(store, pred), open_array(store, truth)
+    if predicted.shape != true.shape:  # never let them broadcast into an m x m difference
+        raise ValueError(f"--y {truth!r} has shape {true.shape}, the predictions {pred!r} "
+                         f"{predicted.shape}; pass the true values for the rows of --x.")
+    return float(da.sqrt(((predicted - true) ** 2).mean()).compute())
 
 
 def _demo(args: argparse.Namespace) -> dict[str, Any]:

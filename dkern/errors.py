@@ -6,7 +6,14 @@ store damage from bad arguments. ``ConvergenceWarning`` is scikit-learn's, so
 ``warnings.filterwarnings`` and scikit-learn's tooling treat dkern's like its own.
 """
 
+import contextlib
+import os
+import sys
+
 from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
+
+#: Frames a warning skips: dkern's, and contextlib's (decorators such as worker_failures).
+_INSIDE = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__)
 
 
 class DkernError(ValueError):
@@ -57,3 +64,12 @@ class ConvergenceWarning(_SklearnConvergenceWarning):
     A subclass of :class:`sklearn.exceptions.ConvergenceWarning` (itself a
     ``UserWarning``): filters set for scikit-learn's warning apply to dkern's.
     """
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the calling function that points the
+    warning at the first frame outside dkern (the user's call), however deep the call."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    return level

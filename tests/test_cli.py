@@ -289,17 +289,6 @@ def test_predict_outputs_may_not_replace_its_inputs(capsys, saved_model, outputs
         np.testing.assert_array_equal(open_array(store, name)[:], values)
 
 
-def test_a_checkpoint_at_the_model_path_is_a_usage_error(capsys, saved_model, tmp_path):
-    """Refused before the fit (it once ran CG, then failed to save over its checkpoints)."""
-    store, _ = saved_model
-    model = str(tmp_path / "new_model.zarr")
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["fit", "--data", store, "--x", "X_test", "--y", "y_test", "--solver", "cg",
-                  "--model", model, "--checkpoint", str(tmp_path / "." / "new_model.zarr")])
-    assert exc.value.code == 2 and "is the --model store" in capsys.readouterr().err
-    assert not os.path.exists(model)
-
-
 def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, tmp_path):
     store, model = saved_model
     code, _, err = run(capsys, "fit", "--data", store, "--x", "X_test", "--y", "y_test",
@@ -432,6 +421,55 @@ def test_gp_fit_and_predict_std_equal_the_same_model_fitted_in_python(capsys, tm
                        "--out", "pred", "--std", *at)
     assert code == 1 and "['pred', 'pred_std']" in err and "pass --overwrite" in err
     np.testing.assert_array_equal(open_array(store, "pred_std").compute(), std)  # untouched
+
+
+@pytest.mark.distributed
+def test_predict_of_a_one_column_gp_checks_y_and_refuses_a_stale_std(capsys, tmp_path, gp_store,
+                                                                     _session_cluster):
+    """A GP fitted on y (n, 1) predicts (m,): --y (m,) is the right truth and its RMSE the
+    real one (it was refused, and a (m, 1) --y broadcast into an m x m difference). A
+    mean-only --overwrite beside an earlier --std is refused: the std would go stale."""
+    store, (X, y, X_test, y_test) = gp_store
+    at = ["--scheduler", _session_cluster.scheduler.address]
+    model = str(tmp_path / "gp-model.zarr")
+    gp = dkern.GaussianProcessRegressor(Gaussian(1.0), alpha=0.01, optimizer=None)
+    dkern.save(gp.fit(X, y[:, None]), model)
+    code, out, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                       "--out", "pred", "--std", "--y", "y_test", *at, "--json")
+    assert code == 0
+    want = gp.predict(X_test)
+    assert json.loads(out)["rmse"] == pytest.approx(np.sqrt(np.mean((want - y_test) ** 2)),
+                                                    rel=1e-10)
+    std = open_array(store, "pred_std").compute()
+    code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X",
+                       "--out", "pred", "--overwrite", *at)
+    assert code == 1 and "holds 'pred_std' from an earlier prediction" in err
+    np.testing.assert_array_equal(open_array(store, "pred_std").compute(), std)
+    assert open_array(store, "pred").shape == (200,)  # nothing was written
+
+
+@pytest.mark.parametrize(("command", "message"), [
+    (["predict", "--model", "{tmp}/d.zarr", "--data", "{tmp}/d.zarr", "--x", "X_test", "--out",
+      "alpha", "--overwrite"], "--data '{tmp}/d.zarr' and --model '{tmp}/d.zarr' are the same"),
+    (["predict", "--model", "{tmp}/d.zarr/m.zarr", "--data", "{tmp}/d.zarr", "--x", "X_test",
+      "--out", "p"], "one holds the other: the predictions would be written into the model"),
+    (["fit", "--data", "{tmp}/d.zarr", "--x", "X_test", "--y", "y_test", "--solver", "cg",
+      "--model", "{tmp}/ck/m.zarr", "--checkpoint", "{tmp}/ck"],
+     "--checkpoint '{tmp}/ck' and --model '{tmp}/ck/m.zarr' are the same store or one holds"),
+    (["fit", "--data", "{tmp}/d.zarr", "--x", "X_test", "--y", "y_test", "--solver", "cg",
+      "--model", "{tmp}/m.zarr", "--checkpoint", "{tmp}/d.zarr/ck"],
+     "--checkpoint '{tmp}/d.zarr/ck' and --data '{tmp}/d.zarr' are the same store or one"),
+])
+def test_stores_that_overlap_are_usage_errors(capsys, tmp_path, command, message):
+    """Refused before any work: the fit removes its checkpoint store recursively once the
+    model is saved (a model inside it was deleted), and predictions written into a model's
+    store could replace its arrays."""
+    tmp = str(tmp_path)
+    write_arrays(f"{tmp}/d.zarr", {"X_test": np.zeros((5, 2)), "y_test": np.zeros(5)})
+    with pytest.raises(SystemExit) as exc:
+        cli.main([part.format(tmp=tmp) for part in command])
+    assert exc.value.code == 2 and message.format(tmp=tmp) in capsys.readouterr().err
+    assert sorted(list_arrays(f"{tmp}/d.zarr")) == ["X_test", "y_test"]
 
 
 FIT = ["fit", "--data", "d.zarr", "--x", "X", "--y", "y", "--model", "m.zarr"]

@@ -354,6 +354,8 @@ def test_predict_writes_mean_and_std_to_a_zarr_group(tmp_path, solver):
                                rtol=1e-12)
     np.testing.assert_allclose(dkern.io.open_array(url, "gp/mean").compute(), want[0],
                                rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match=r"out would replace the input X .*'gp/mean'"):
+        gp.predict((url, "gp/mean"), out=(url, "gp"), overwrite=True)  # checked before reading
 
 
 @pytest.mark.parametrize(("solver", "random_state"), [("exact", 0), ("cg", 0), ("cg", None)])
@@ -419,8 +421,9 @@ def test_sample_y_takes_a_generator_and_checks_n_samples():
     gp = fitted_small()
     draws = gp.sample_y(X_TEST[:5], 4, random_state=np.random.default_rng(1))
     assert draws.shape == (5, 4) and np.all(np.isfinite(draws))
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match=rf"n_samples must be an integer >= 1 .*got {bad}"):
+    assert gp.sample_y(X_TEST[:5], 0).shape == (5, 0)  # as scikit-learn
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"n_samples must be an integer >= 0 .*got {bad}"):
             gp.sample_y(X_TEST[:5], bad)
 
 
@@ -446,20 +449,24 @@ def test_bounds_that_exclude_the_start_are_named():
     GaussianProcessRegressor(kernel, alpha=NOISE, optimizer=None).fit(X_TRAIN[:50], Y_TRAIN[:50])
 
 
-def test_sklearns_optimizer_name_and_a_0d_alpha_give_the_same_fit():
+@pytest.mark.parametrize("alpha", [np.array(NOISE), np.array([NOISE])])
+def test_sklearns_optimizer_name_and_a_one_value_alpha_give_the_same_fit(tmp_path, alpha):
     X, y = X_TRAIN[:80], Y_TRAIN[:80]
     want = our_gp().fit(X, y)
-    got = our_gp(optimizer="fmin_l_bfgs_b", alpha=np.array(NOISE)).fit(X, y)
+    got = our_gp(optimizer="fmin_l_bfgs_b", alpha=alpha).fit(X, y)
     np.testing.assert_array_equal(got.kernel_.theta, want.kernel_.theta)
     assert got.log_marginal_likelihood_value_ == want.log_marginal_likelihood_value_
+    dkern.save(got, tmp_path / "gp.zarr")  # stored as the number it is
+    assert dkern.load(tmp_path / "gp.zarr").get_params()["alpha"] == NOISE
 
 
 def test_a_hyperparameter_fitted_onto_its_bound_is_warned_about():
     """As scikit-learn: here the lengthscale wants to exceed 1.5 (it fits 2.84 unbounded)."""
     kernel = Scaled(1.0, Gaussian(1.0, lengthscale_bounds=(0.1, 1.5)))
     with pytest.warns(ConvergenceWarning, match=r"the fitted kernel__lengthscale = 1.5 is at "
-                                                r"its upper bound 1.5.*Increase that bound"):
+                                                r"its upper bound 1.5.*Increase that bound") as w:
         gp = GaussianProcessRegressor(kernel, alpha=NOISE).fit(X_TRAIN[:80], Y_TRAIN[:80])
+    assert w[0].filename == __file__  # it points at the user's call, not inside dkern
     assert np.exp(gp.kernel_.theta[1]) == pytest.approx(1.5)
 
 

@@ -221,6 +221,11 @@ def test_zarr_input_and_predictions_written_to_a_store(tmp_path):
     model.predict(X_TEST[:10], out=(tmp_path / "other.zarr", "pred"))  # a path-like store
     model.predict(X_TEST[:10], out=(url, "pred"), overwrite=True)
     assert np.array_equal(dkern.io.open_array(url, "pred").compute(), model.predict(X_TEST[:10]))
+    # the input itself, however the store is spelled: refused even with overwrite
+    with pytest.raises(ValueError, match=r"out would replace the input X .*'Xt'"):
+        model.predict((url, "Xt"), out=(str(tmp_path / "." / "data.zarr"), "/Xt"),
+                      overwrite=True)
+    np.testing.assert_array_equal(dkern.io.open_array(url, "Xt").compute(), X_TEST)
 
 
 def test_tuples_of_rows_fit_like_arrays():

@@ -13,7 +13,8 @@ from dask.base import tokenize
 
 from dkern.io.read import open_array, zarr_to_dask
 
-__all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk", "is_lazy", "is_store_ref"]
+__all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk", "is_lazy", "is_store_ref",
+           "store_location"]
 
 #: Bytes per row chunk that ``default_row_chunk`` aims for.
 TARGET_CHUNK_BYTES = 16 * 2**20
@@ -28,6 +29,13 @@ def is_store_ref(X: Any) -> bool:
     """
     return (isinstance(X, tuple) and len(X) == 2 and isinstance(X[0], str | os.PathLike)
             and isinstance(X[1], str))
+
+
+def store_location(url: str | os.PathLike[str]) -> str:
+    """``url`` in one spelling per store, to tell whether two references name the same one:
+    a local path resolved (symlinks, ``..``), a URL without its trailing slashes."""
+    text = os.fspath(url)
+    return text.rstrip("/") if "://" in text else os.path.realpath(text)
 
 
 def is_lazy(X: Any) -> bool:

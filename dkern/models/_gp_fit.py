@@ -30,8 +30,10 @@ def learned_kernel(gp: GaussianProcessRegressor, kernel: Kernel, X: Any, y: Any,
     gp.log_marginal_likelihood_value_ = float("nan")  # above EXACT_MAX_N: not computed
     learn = gp.optimizer is not None and len(kernel.theta) > 0
     if learn and n > EXACT_MAX_N:
-        raise ValueError(f"learning hyperparameters (optimizer={gp.optimizer!r}) uses the "
-                         f"exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
+        default = ("kernel=None is scikit-learn's C() * RBF(), whose hyperparameters are "
+                   "learned (since scikit-learn 1.9); ") if gp.kernel is None else ""
+        raise ValueError(f"{default}learning hyperparameters (optimizer={gp.optimizer!r}) uses "
+                         f"the exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
                          "Learn them on a subsample and refit with optimizer=None, or "
                          "maximise the sparse GP's bound with solver='nystrom'.")
     if not learn:

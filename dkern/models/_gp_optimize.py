@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import scipy.optimize
 
-from ..errors import ConvergenceWarning, NotPositiveDefiniteError
+from ..errors import ConvergenceWarning, NotPositiveDefiniteError, caller_stacklevel
 from ..kernels import Kernel
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _warn_at_bounds(kernel: Kernel, theta: np.ndarray) -> None:
             f"the fitted {kernel.hyperparameter_names[k]} = {np.exp(theta[k]):.6g} is at its "
             f"{'lower' if side == 0 else 'upper'} bound {bound:.6g}: a better value may lie "
             f"beyond it. {'Decrease' if side == 0 else 'Increase'} that bound and fit again.",
-            ConvergenceWarning, stacklevel=4)
+            ConvergenceWarning, stacklevel=caller_stacklevel())
 
 
 def _run(objective: Objective, start: np.ndarray, bounds: np.ndarray,
@@ -116,7 +116,7 @@ def _run(objective: Objective, start: np.ndarray, bounds: np.ndarray,
             f"L-BFGS-B stopped without converging ({result.message}) after {result.nit} "
             f"iterations; keeping the best log marginal likelihood found, {-result.fun:.6g}. "
             "Raise n_restarts_optimizer, narrow the kernel's bounds, or increase alpha.",
-            ConvergenceWarning, stacklevel=4)
+            ConvergenceWarning, stacklevel=caller_stacklevel())
     return np.asarray(result.x, dtype=float), float(result.fun)
 
 

@@ -9,6 +9,7 @@ loading them.
 from __future__ import annotations
 
 import math
+import os
 from numbers import Integral, Real
 from typing import Any
 
@@ -18,7 +19,7 @@ from sklearn.utils import assert_all_finite, column_or_1d
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from ..io import as_rows, is_lazy
+from ..io import as_rows, is_lazy, is_store_ref, store_location
 from ..kernels import Kernel
 
 
@@ -155,12 +156,26 @@ def fixed_seed(random_state: Any) -> int:
 
     Kept by a fitted model for the random draws of caches it may rebuild later (after
     ``dkern.load``, or under another dask client), so a rebuilt cache is the same one
-    and the model's predictions do not change. Below 2³²: JSON readers that parse
-    numbers as doubles keep it exact.
+    and the model's predictions do not change. A drawn seed is below 2³²: JSON readers
+    that parse numbers as doubles keep it exact.
     """
     if isinstance(random_state, Integral) and not isinstance(random_state, bool):
         return int(random_state)
     return int(as_generator(random_state).integers(2**32))
+
+
+def check_out_is_not_input(X: Any, url: Any, paths: list[str]) -> None:
+    """A ValueError when writing the arrays ``paths`` of the store ``url`` would replace
+    X given as ``(url, path)`` (the input read while the output is written)."""
+    if not is_store_ref(X) or not isinstance(url, str | os.PathLike):
+        return
+    if store_location(X[0]) != store_location(url):
+        return
+    x = X[1].strip("/")
+    for path in (p.strip("/") for p in paths):
+        if x == path or x.startswith(f"{path}/"):
+            raise ValueError(f"out would replace the input X {X!r} (writing {path!r}); write "
+                             "the predictions to another array or store.")
 
 
 def in_memory(a: Any) -> np.ndarray:

@@ -16,6 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
+from ..io import is_store_ref
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, NystromPreconditioner
@@ -26,6 +27,7 @@ from ._gp_optimize import check_optimizer
 from ._validation import (
     as_generator,
     check_alpha,
+    check_out_is_not_input,
     check_tol,
     check_X,
     check_y,
@@ -61,9 +63,10 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     kernel : dkern kernel, optional
         Default ``Scaled(1.0, Gaussian(1.0))``, both hyperparameters learnable within
         (1e-5, 1e5): scikit-learn's ``C() * RBF()`` (since 1.9; fixed before), learned
-        unless ``optimizer=None``. The learnable hyperparameters are the kernel's
-        ``theta`` (lengthscales, ARD included, and the constant ``c`` of ``c * k``; see
-        ``kernel.bounds``).
+        unless ``optimizer=None`` (needed above ``EXACT_MAX_N`` rows with
+        ``solver="exact"``/``"cg"``: see ``optimizer``). The learnable hyperparameters are
+        the kernel's ``theta`` (lengthscales, ARD included, and the constant ``c`` of
+        ``c * k``; see ``kernel.bounds``).
     alpha : float, default=1e-10
         Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 otherwise.
         Never learned (as in scikit-learn): the optimizer tunes the kernel only.
@@ -280,12 +283,12 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return checked_kernel(self.kernel, Scaled(1.0, Gaussian(1.0)))
 
     def _checked_alpha(self, solver: str) -> float:
-        if np.ndim(self.alpha) != 0:  # scikit-learn also takes one value per training row
+        if np.size(self.alpha) != 1:  # scikit-learn also takes one value per training row
             raise ValueError(f"alpha must be one number, the noise variance added to every "
                              f"diagonal entry (dkern has no per-row noise); got an array of "
                              f"shape {np.shape(self.alpha)}. Pass one float, e.g. "
                              f"alpha=float(np.mean(alpha)).")
-        alpha = self.alpha.item() if isinstance(self.alpha, np.ndarray) else self.alpha
+        alpha = self.alpha.item() if isinstance(self.alpha, np.ndarray) else self.alpha  # (1,)
         return check_alpha(alpha, solver, role="the noise variance added to the diagonal",
                            example="1e-6")
 
@@ -381,6 +384,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if not hasattr(self, "alpha_") and out is None:  # as scikit-learn: the prior
             return self._prior_predict(X, return_std, return_cov)
         check_is_fitted(self, "alpha_")
+        if is_store_ref(out):
+            check_out_is_not_input(X, out[0], [f"{out[1]}/mean", f"{out[1]}/std"])
         if out is not None and return_cov:
             raise ValueError("out= writes the mean and std; return_cov cannot be written. Use "
                              "return_std=True with out=, or return_cov without out=.")
@@ -470,8 +475,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         -------
         ndarray of shape (m, n_samples) or (m, t, n_samples)
         """
-        if isinstance(n_samples, bool) or not isinstance(n_samples, Integral) or n_samples < 1:
-            raise ValueError(f"n_samples must be an integer >= 1 (draws per point); got "
+        if isinstance(n_samples, bool) or not isinstance(n_samples, Integral) or n_samples < 0:
+            raise ValueError(f"n_samples must be an integer >= 0 (draws per point); got "
                              f"{n_samples!r}.")
         rng = (random_state if isinstance(random_state, np.random.Generator)
                else check_random_state(random_state))  # an int: scikit-learn's draws

@@ -33,6 +33,7 @@ from ._validation import (
     check_alpha,
     check_choice,
     check_optional_int,
+    check_out_is_not_input,
     check_tol,
     check_X,
     check_y,
@@ -257,6 +258,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         whatever X's dtype (see Precision in the class docstring).
         """
         check_is_fitted(self, "dual_coef_")
+        if is_store_ref(out):
+            check_out_is_not_input(X, out[0], [out[1]])
         Xv = check_X(self, X, reset=False)
         if self.solver_ == "nystrom":
             beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory

@@ -306,9 +306,9 @@ def _json_params(model: Model) -> dict[str, Any]:
                       "model file; the loaded model gets optimizer='lbfgs' (this only matters "
                       "if it is refitted).", UserWarning, stacklevel=3)
         params["optimizer"] = "lbfgs"
-    # numpy scalars (from np.arange/np.logspace grids) and 0-d arrays are stored as the
-    # Python numbers they are
-    params = {k: v.item() if isinstance(v, (np.generic, np.ndarray)) and np.ndim(v) == 0
+    # numpy scalars (from np.arange/np.logspace grids) and one-value arrays (alpha, as
+    # scikit-learn takes it) are stored as the Python numbers they are
+    params = {k: v.item() if isinstance(v, (np.generic, np.ndarray)) and np.size(v) == 1
               else v for k, v in params.items()}
     params = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in params.items()}
     seed = params["random_state"]
