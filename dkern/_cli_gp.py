@@ -73,13 +73,10 @@ def refuse_taken(args: argparse.Namespace, std_out: str | None) -> None:
     """The refusal ``write_arrays`` would give for a taken ``--out``/``std_out``, given
     before any work (a GP's cg variances are computed before the write)."""
     from .errors import StoreError
-    from .io import list_arrays
+    from .models._validation import existing_arrays
 
     paths = [args.out.strip("/")] + ([std_out] if std_out else [])
-    try:
-        present = set(list_arrays(args.data, paths[0].rpartition("/")[0]))
-    except StoreError:  # no such group yet: nothing to replace
-        return
+    present = set(existing_arrays(args.data, paths[0].rpartition("/")[0]))
     taken = [p for p in paths if p.rpartition("/")[2] in present]
     if taken and not args.overwrite:
         raise StoreError(f"{args.data!r} already has arrays {taken}; pass --overwrite to "

@@ -103,10 +103,10 @@ def _fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def _overlapping(a: str, b: str) -> bool:
     """Whether two store paths or URLs name the same store or one lies inside the other."""
-    from .io import store_location
+    from .io import path_within, store_location
 
     a, b = store_location(a), store_location(b)
-    return a == b or a.startswith(f"{b}/") or b.startswith(f"{a}/")
+    return path_within(a, b) or path_within(b, a)
 
 
 def _krr_model(args: argparse.Namespace) -> Any:
@@ -164,6 +164,8 @@ def _refuse_outputs_over_inputs(args: argparse.Namespace, std_out: str | None) -
     """A usage error when ``--out`` or the std's array is ``--x`` or ``--y`` or a group
     holding one: ``--overwrite`` would replace the data the command reads (and with ``--y``
     the RMSE would compare the predictions with themselves)."""
+    from .io import path_within
+
     inputs = {"--x": args.x.strip("/")}
     if args.y:
         inputs["--y"] = args.y.strip("/")
@@ -172,7 +174,7 @@ def _refuse_outputs_over_inputs(args: argparse.Namespace, std_out: str | None) -
         outputs["--std-out" if args.std_out else "--std's array"] = std_out
     for out_flag, out in outputs.items():
         for in_flag, path in inputs.items():
-            if path == out or path.startswith(f"{out}/"):
+            if path_within(path, out):
                 args.usage_error(f"{out_flag} {out!r} would replace the input {in_flag} "
                                  f"{path!r}; write the predictions to another array")
 

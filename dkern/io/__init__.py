@@ -9,7 +9,14 @@ The only dkern package that imports zarr. Data flow::
 
 from dkern.io.maintenance import StoreReport, check_store, clean_store
 from dkern.io.read import list_arrays, open_array, read_attrs
-from dkern.io.rows import as_rows, default_row_chunk, is_lazy, is_store_ref, store_location
+from dkern.io.rows import (
+    as_rows,
+    default_row_chunk,
+    is_lazy,
+    is_store_ref,
+    path_within,
+    store_location,
+)
 from dkern.io.synthetic import make_regression_store
 from dkern.io.write import write_array, write_arrays
 
@@ -21,6 +28,7 @@ __all__ = [
     "default_row_chunk",
     "is_lazy",
     "is_store_ref",
+    "path_within",
     "store_location",
     "list_arrays",
     "make_regression_store",

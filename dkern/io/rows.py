@@ -14,7 +14,7 @@ from dask.base import tokenize
 from dkern.io.read import open_array, zarr_to_dask
 
 __all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk", "is_lazy", "is_store_ref",
-           "store_location"]
+           "path_within", "store_location"]
 
 #: Bytes per row chunk that ``default_row_chunk`` aims for.
 TARGET_CHUNK_BYTES = 16 * 2**20
@@ -36,6 +36,12 @@ def store_location(url: str | os.PathLike[str]) -> str:
     a local path resolved (symlinks, ``..``), a URL without its trailing slashes."""
     text = os.fspath(url)
     return text.rstrip("/") if "://" in text else os.path.realpath(text)
+
+
+def path_within(path: str, container: str) -> bool:
+    """Whether the slash-separated ``path`` is ``container`` or lies inside it (both spelt
+    alike: :func:`store_location`, or array paths with their outer slashes stripped)."""
+    return path == container or path.startswith(f"{container.rstrip('/')}/")
 
 
 def is_lazy(X: Any) -> bool:

@@ -17,12 +17,12 @@ import dask.array as da
 import numpy as np
 
 from ..errors import StoreError
-from ..io import is_store_ref, list_arrays, write_arrays
+from ..io import is_store_ref, write_arrays
 from ..operators import gram
 from ..solvers.sgpr import sgpr_predict
 from . import _gp_exact, _gp_lanczos, _gp_sparse
 from ._gp_cg import cg_covariance, cg_variance
-from ._validation import check_tol, in_memory
+from ._validation import check_tol, existing_arrays, in_memory
 
 if TYPE_CHECKING:
     from .gaussian_process import GaussianProcessRegressor
@@ -119,7 +119,7 @@ def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> No
     if not is_store_ref(out):
         raise TypeError(f"out must be a (url, group) tuple: a str or path-like store and a str "
                         f"group path, e.g. ('preds.zarr', 'gp'); got {out!r}.")
-    if std is None and overwrite and "std" in _arrays_at(out):
+    if std is None and overwrite and "std" in existing_arrays(*out):
         raise StoreError(f"the group {out[1]!r} of {out[0]!r} holds a 'std' from an earlier "
                          "prediction, which a new mean alone would leave beside it, no longer "
                          "matching. Pass return_std=True to replace both, or write to another "
@@ -127,10 +127,3 @@ def _write_prediction(out: Any, mean: da.Array, std: Any, overwrite: bool) -> No
     arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
     write_arrays(out[0], arrays, group=out[1], overwrite=overwrite)
 
-
-def _arrays_at(out: tuple[Any, str]) -> list[str]:
-    """The arrays of the group ``out`` names; none if it does not exist yet."""
-    try:
-        return list_arrays(out[0], out[1])
-    except StoreError:
-        return []

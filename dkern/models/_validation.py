@@ -19,7 +19,8 @@ from sklearn.utils import assert_all_finite, column_or_1d
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from ..io import as_rows, is_lazy, is_store_ref, store_location
+from ..errors import StoreError
+from ..io import as_rows, is_lazy, is_store_ref, list_arrays, path_within, store_location
 from ..kernels import Kernel
 
 
@@ -173,9 +174,23 @@ def check_out_is_not_input(X: Any, url: Any, paths: list[str]) -> None:
         return
     x = X[1].strip("/")
     for path in (p.strip("/") for p in paths):
-        if x == path or x.startswith(f"{path}/"):
+        if path_within(x, path):
             raise ValueError(f"out would replace the input X {X!r} (writing {path!r}); write "
                              "the predictions to another array or store.")
+
+
+def existing_arrays(url: Any, group: str = "") -> list[str]:
+    """The arrays of ``group`` in the store at ``url``; ``[]`` if there is none yet."""
+    try:
+        return list_arrays(url, group)
+    except StoreError:
+        return []
+
+
+def as_float64(a: Any) -> Any:
+    """``a`` in float64 (the precision rule); a dask array is cast lazily, chunk by chunk,
+    as it is read."""
+    return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
 def in_memory(a: Any) -> np.ndarray:

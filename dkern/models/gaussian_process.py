@@ -25,6 +25,7 @@ from ..solvers.lanczos import LanczosResult
 from . import _gp_exact, _gp_fit, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
 from ._gp_optimize import check_optimizer
 from ._validation import (
+    as_float64,
     as_generator,
     check_alpha,
     check_out_is_not_input,
@@ -260,7 +261,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or
         # under another client is then the same one, and so are the CG and LOVE stds
         self._pivot_seed = fixed_seed(self.random_state)
-        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)  # the precision rule
+        Xw = as_float64(Xv)  # the precision rule
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
         yw = self._normalized(yv)
@@ -293,7 +294,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                            example="1e-6")
 
     def _normalized(self, y: Any) -> Any:
-        y = y if y.dtype == np.float64 else y.astype(np.float64)
+        y = as_float64(y)
         t = 1 if y.ndim == 1 else y.shape[1]
         mean, std = np.zeros(t), np.ones(t)
         if self.normalize_y:
@@ -390,7 +391,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             raise ValueError("out= writes the mean and std; return_cov cannot be written. Use "
                              "return_std=True with out=, or return_cov without out=.")
         Xv = check_X(self, X, reset=False)
-        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        Xw = as_float64(Xv)
         if return_cov:
             _check_cov_size(Xw.shape[0])
         return _gp_predict.predict(self, Xw, return_std, return_cov, out, overwrite)
@@ -399,7 +400,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         """Mean 0 and the prior's std ``sqrt(k(x, x))`` or covariance ``K(X, X)``."""
         kernel = self._given_kernel()
         Xv = check_X(self, X, reset=False)
-        Xw = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        Xw = as_float64(Xv)
         if return_cov:
             _check_cov_size(Xw.shape[0])
             Xm = in_memory(Xw)

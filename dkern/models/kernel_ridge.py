@@ -29,6 +29,7 @@ from ..solvers import (
 )
 from ..solvers.checkpoint import check_checkpoint
 from ._validation import (
+    as_float64,
     as_generator,
     check_alpha,
     check_choice,
@@ -219,7 +220,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         for stale in ("X_fit_", "centers_"):
             self.__dict__.pop(stale, None)
         self.kernel_ = kernel
-        Xw, yw = _float64(Xv), _float64(yv)  # the precision rule (class docstring)
+        Xw, yw = as_float64(Xv), as_float64(yv)  # the precision rule (class docstring)
         if solver == "exact":
             self._fit_exact(Xw, yw, alpha)
         elif solver == "cg":
@@ -334,11 +335,6 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.dual_coef_, self.centers_ = np.ascontiguousarray(beta), np.ascontiguousarray(C)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals
         self.converged_ = bool(result.converged.all())
-
-
-def _float64(a: np.ndarray | da.Array) -> np.ndarray | da.Array:
-    """``a`` in float64; a dask array is cast lazily, chunk by chunk, as it is read."""
-    return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
 def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, str]:

@@ -55,7 +55,7 @@ from ..io import list_arrays, open_array, read_attrs, write_arrays
 from ..io._store import Url
 from ..kernels import Kernel, from_repr
 from . import _gp_sparse, _gpc_store, _klr_store, _toolbox_store
-from ._validation import fixed_seed
+from ._validation import existing_arrays, fixed_seed
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
@@ -366,7 +366,7 @@ def check_can_save(url: Url, *, overwrite: bool = False) -> None:
     """
     url = os.fspath(url)
     found = _existing_attrs(url)
-    present = _existing_arrays(url)
+    present = existing_arrays(url)
     # files written before "arrays" was stored: all their arrays count as the model's
     data = sorted(set(present) - set(found.get("arrays", present))) if "dkern_model" in found \
         else present
@@ -380,14 +380,6 @@ def check_can_save(url: Url, *, overwrite: bool = False) -> None:
         raise StoreError(f"{url!r} already holds a saved {found['dkern_model']} model; pass "
                          "overwrite=True to replace it (the old one stays readable until the "
                          "new one is complete).")
-
-
-def _existing_arrays(url: str) -> list[str]:
-    """The arrays of the store at ``url``; ``[]`` if there is none yet."""
-    try:
-        return list_arrays(url)
-    except StoreError:
-        return []
 
 
 def _existing_attrs(url: str) -> dict[str, Any]:
