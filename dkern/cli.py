@@ -277,6 +277,7 @@ def _fsck(args: argparse.Namespace) -> dict[str, Any]:
                                                  dry_run=not args.clean)
     return {"store": args.url, "ok": report.ok, "damage": report.damage,
             "arrays": {k: list(v) for k, v in report.arrays.items()},
+            "plain": report.plain,
             "removed" if args.clean else "would_remove": sorted(found),
             # too young (maybe a write still running), leased by a live writer, or damage
             "kept": sorted(set(report.orphans) - set(found))}

@@ -21,17 +21,10 @@ import time
 from collections.abc import Iterator
 
 from dkern.errors import StoreError
-from dkern.io._store import VERSIONS_DIR, where
+from dkern.io._store import VERSIONS_DIR, local_dir, where
 
 #: Seconds a writer waits for another process's publish before giving up.
 LOCK_TIMEOUT_S = 120.0
-
-
-def local_dir(url: str, group: str) -> str | None:
-    """The group's folder when the store is on local disk; None for other fsspec URLs."""
-    if "://" in url and not url.startswith("file://"):
-        return None
-    return os.path.join(url.removeprefix("file://"), group)
 
 
 @contextlib.contextmanager

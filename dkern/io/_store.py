@@ -13,9 +13,15 @@ table under the key ``"dkern"``::
 
 The arrays themselves live in hidden version folders ``.dkern/<UTC time>-<random>/``,
 one per write, named without looking at the pointer so that concurrent writers never
-share one. Readers only follow the pointer, so the pointer update is the publish; the
-checksum makes any edit of it (a model's kernel and parameters live in ``attrs``) an
-error instead of a silently different model.
+share one. Readers only follow the pointer, so the pointer update is the publish.
+
+What the checksums protect against: accidents (a flipped bit, a truncated or
+half-copied file, an edit by hand or by another tool), which become errors naming the
+store instead of a silently different model. Not an attacker who can edit the files:
+a plain sha256 is recomputed as easily as it is checked. Against such a store, what
+keeps dkern safe is that it trusts no path the pointer names: every entry must be
+``.dkern/<version folder>/<its own name>`` inside the group, with no symbolic link on
+the way (:func:`check_entries`), before anything is read from or deleted at it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 import zarr
@@ -44,6 +51,11 @@ POINTER_KEY = "dkern"
 #: 2: version folders named by time and uuid, and a checksummed pointer.
 FORMAT = 2
 VERSIONS_DIR = ".dkern"
+#: The name of a version folder dkern creates (:func:`dkern.io.maintenance.new_folder`).
+FOLDER_NAME = re.compile(r"(\d{8}T\d{6}Z)-[0-9a-f]{16}")
+#: What a pointer entry must hold, and of which type: anything else is a damaged pointer.
+ENTRY_FIELDS = {"path": str, "shape": list, "dtype": str, "chunks": list, "n_chunks": int,
+                "uid": str, "meta": str}
 
 Url = str | os.PathLike[str]
 
@@ -169,7 +181,64 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
             "kernel and parameters are stored there, so it cannot be trusted). Restore the "
             "file from a backup, or rewrite the store (dkern.save the model again)."
         )
+    check_entries(pointer.get("arrays"), url, group)
     return pointer
+
+
+def check_entries(arrays: Any, url: str, group: str) -> None:
+    """Refuse a pointer table whose entries dkern could not have written.
+
+    Every entry must name ``.dkern/<version folder>/<its own name>``, with the fields
+    dkern writes; on local disk no component of that path below the group's folder may
+    be a symbolic link (which could lead a read or a delete out of the store).
+
+    Raises
+    ------
+    StoreError
+        Naming the entry, what it holds and what was expected.
+    """
+    if not isinstance(arrays, dict):
+        _refuse(url, group, f"its 'arrays' table is a {type(arrays).__name__}, not a mapping")
+    for name, entry in arrays.items():
+        if not isinstance(entry, dict) or any(
+                not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool)
+                for key, kind in ENTRY_FIELDS.items()):
+            _refuse(url, group, f"entry {name!r} is {entry!r:.200}; expected the fields "
+                                f"{sorted(ENTRY_FIELDS)} with their types")
+        folder, _, leaf = entry["path"].rpartition("/")
+        top, _, version = folder.partition("/")
+        if top != VERSIONS_DIR or FOLDER_NAME.fullmatch(version) is None or leaf != name:
+            _refuse(url, group, f"entry {name!r} names the path {entry['path']!r}; dkern only "
+                                f"writes '{VERSIONS_DIR}/<UTC time>-<16 hex digits>/{name}'")
+        base = local_dir(url, group)
+        if base is not None:
+            _check_no_links(url, group, base, [VERSIONS_DIR, version, name])
+
+
+def _check_no_links(url: str, group: str, base: str, parts: list[str]) -> None:
+    """Refuse a symbolic link at any of ``base/parts[0]``, ``base/parts[0]/parts[1]``, …"""
+    path = base
+    for part in parts:
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            _refuse(url, group, f"{path!r} is a symbolic link (to {os.readlink(path)!r}); "
+                                "dkern never writes links, and follows none out of a store")
+
+
+def _refuse(url: str, group: str, problem: str) -> None:
+    raise StoreError(
+        f"{where(url, group)}: the dkern pointer in {metadata_file(url, group)!r} cannot be "
+        f"trusted: {problem}. dkern reads and deletes nothing it names. Restore the store "
+        "from a backup or rewrite it from its sources (for a model: dkern.save it to a new "
+        "path; delete this store yourself once you have checked what it holds)."
+    )
+
+
+def local_dir(url: str, group: str) -> str | None:
+    """The group's folder when the store is on local disk; None for other fsspec URLs."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return os.path.join(url.removeprefix("file://"), group)
 
 
 def checksum(pointer: dict[str, Any]) -> str:

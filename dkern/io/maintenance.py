@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import itertools
 import logging
 import os
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,10 +28,12 @@ from zarr.core.sync import sync
 
 from dkern.errors import StoreError
 from dkern.io import _store
-from dkern.io._lock import local_dir, publish_lock, unleased
+from dkern.io._lock import publish_lock, unleased
 from dkern.io._store import (
+    FOLDER_NAME,
     VERSIONS_DIR,
     Url,
+    local_dir,
     open_group,
     plain_members,
     read_pointer,
@@ -49,7 +51,6 @@ logger = logging.getLogger(__name__)
 LOCAL_GRACE_S = 10.0
 #: :func:`clean_store`'s default minimum age on fsspec stores, which have no leases.
 REMOTE_GRACE_S = 86_400.0
-_FOLDER = re.compile(r"(\d{8}T\d{6}Z)-[0-9a-f]+")
 
 
 def new_folder() -> str:
@@ -71,6 +72,9 @@ class StoreReport:
     damage : list of str
         One message per problem: a pointer failing its checksum, an array or chunk
         missing or failing its checksum. Empty for a sound store.
+    plain : dict of str to str
+        For each Zarr array dkern did not write (no manifest, no checksums): what could
+        be checked of it (a chunk present for every grid position) and what could not.
     orphans : list of str
         Store paths (from the store's root, as :func:`clean_store` returns them) no
         pointer uses, whatever their age (what :func:`clean_store` removes once they are
@@ -80,6 +84,7 @@ class StoreReport:
     url: str
     arrays: dict[str, tuple[int, ...]] = field(default_factory=dict)
     damage: list[str] = field(default_factory=list)
+    plain: dict[str, str] = field(default_factory=dict)
     orphans: list[str] = field(default_factory=list)
 
     @property
@@ -112,7 +117,9 @@ def check_store(url: Url, group: str = "") -> StoreReport:
     report = StoreReport(url)
     for path in _groups(url, group.strip("/")):
         try:
-            pointer = read_pointer(open_group(url, path, mode="r"), url, path)
+            root = open_group(url, path, mode="r")
+            pointer = read_pointer(root, url, path)
+            orphans = _orphans(url, path, pointer, min_age=0.0)
         except StoreError as err:
             report.damage.append(str(err))
             continue
@@ -125,9 +132,36 @@ def check_store(url: Url, group: str = "") -> StoreReport:
                 report.damage.append(str(err))
             else:
                 report.arrays[label] = tuple(entry["shape"])
-        report.orphans.extend("/".join(p for p in (path, orphan) if p)
-                              for orphan in _orphans(url, path, pointer, min_age=0.0))
+        for name in sorted(set(plain_members(root)) - set(pointer.get("arrays", {}))):
+            _check_plain(root, name, path, report)
+        report.orphans.extend("/".join(p for p in (path, orphan) if p) for orphan in orphans)
     return report
+
+
+def _check_plain(root: zarr.Group, name: str, group: str, report: StoreReport) -> None:
+    """What can be checked of a Zarr array dkern did not write: a chunk for every grid
+    position. Its contents have no checksums dkern knows of, so they cannot be checked."""
+    try:
+        z = root.get(name)
+    except (ValueError, TypeError, KeyError) as err:
+        report.damage.append(f"{where(report.url, group)}: the metadata of {name!r} is "
+                             f"damaged ({type(err).__name__}: {err}).")
+        return
+    if not isinstance(z, zarr.Array):
+        return
+    label = "/".join(p for p in (group, name) if p)
+    present = set(sync(_keys(z.store.list_prefix(f"{z.path}/"))))
+    missing = [index for index in itertools.product(*map(range, z.cdata_shape))
+               if f"{z.path}/{z.metadata.encode_chunk_key(index)}" not in present]
+    note = (f"{label}: a plain Zarr array (not written by dkern): its contents have no "
+            "checksums dkern can verify; only the presence of its chunks was checked")
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        note += (f". {len(missing)} of {z.nchunks} chunks are absent ({shown}): they read as "
+                 f"the fill value {z.fill_value!r}. A deleted chunk and one zarr skipped for "
+                 "equalling the fill value cannot be told apart; rewrite the array with "
+                 "dkern.io.write_array to have every chunk checked")
+    report.plain[label] = note + "."
 
 
 def clean_store(
@@ -194,20 +228,45 @@ def collect_orphans(
             if free and dry_run:
                 removed.append(key)
             elif free:
-                if path.endswith(".partial"):
-                    sync(store.delete(key))
-                else:
-                    sync(store.delete_dir(key))
+                _remove(store, url, group, path)
                 removed.append(key)
     if removed and not dry_run:
         logger.info("removed from %s what no pointer uses: %s", where(url, group), removed)
     return removed
 
 
+def _remove(store: Store, url: str, group: str, path: str) -> None:
+    """Delete one leftover; a symbolic link is unlinked, never followed (what it points to
+    is no part of the store)."""
+    key = "/".join(p for p in (group, path) if p)
+    base = local_dir(url, group)
+    if base is not None and os.path.islink(os.path.join(base, path)):
+        os.unlink(os.path.join(base, path))
+    elif path.endswith(".partial"):
+        sync(store.delete(key))
+    else:
+        sync(store.delete_dir(key))
+
+
 def _orphans(
     url: str, group: str, pointer: dict[str, Any], *, min_age: float, deep: bool = True
 ) -> list[str]:
-    """Paths (relative to the group) of unreferenced folders and partial files."""
+    """Paths (relative to the group) of unreferenced folders and partial files.
+
+    Raises
+    ------
+    StoreError
+        The group's version folder is a symbolic link: listing it would list (and a clean
+        would delete) another folder's contents.
+    """
+    base = local_dir(url, group)
+    if base is not None and os.path.islink(os.path.join(base, VERSIONS_DIR)):
+        link = os.path.join(base, VERSIONS_DIR)
+        raise StoreError(
+            f"{where(url, group)}: its version folder {link!r} is a symbolic link (to "
+            f"{os.readlink(link)!r}); dkern never writes one, and lists and removes nothing "
+            "through it. Remove the link yourself, after checking what it points to."
+        )
     store = _store.make_store(url, read_only=True)
     prefix = f"{group}/" if group else ""
     in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}
@@ -226,7 +285,7 @@ def _orphans(
 
 def _folder_age(path: str) -> float:
     """Seconds since the folder's write began; infinite for a name not dkern's."""
-    match = _FOLDER.fullmatch(path.rpartition("/")[2])
+    match = FOLDER_NAME.fullmatch(path.rpartition("/")[2])
     if match is None:
         return float("inf")
     return time.time() - calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ"))
@@ -242,18 +301,27 @@ def _file_age(url: str, group: str, path: str) -> float:
 
 
 def _groups(url: str, group: str) -> list[str]:
-    """``group`` and every group below it (dkern's hidden folders excluded)."""
-    found = [group]
-    root = open_group(url, group, mode="r")
-    for name in plain_members(root):
-        path = "/".join(p for p in (group, name) if p)
+    """``group`` and every group below it (dkern's hidden folders excluded), walked without
+    recursion so that however deep a store nests, listing it cannot overflow the stack."""
+    found, pending = [], [group]
+    while pending:
+        path = pending.pop()
+        found.append(path)
         try:
-            is_group = isinstance(root.get(name), zarr.Group)
-        except (ValueError, TypeError, KeyError):  # damaged metadata: reported when opened
-            found.append(path)
+            root = open_group(url, path, mode="r")
+        except StoreError:  # damaged metadata: reported when the group is opened to check
+            if path == group:  # no store at all
+                raise
             continue
-        if is_group:
-            found += _groups(url, path)
+        below = []
+        for name in plain_members(root):
+            try:
+                is_group = isinstance(root.get(name), zarr.Group)
+            except (ValueError, TypeError, KeyError):  # damaged: reported when opened
+                is_group = True
+            if is_group:
+                below.append("/".join(p for p in (path, name) if p))
+        pending.extend(reversed(below))
     return found
 
 

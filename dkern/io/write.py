@@ -41,13 +41,14 @@ from dkern._failures import worker_failures
 from dkern._version import __version__
 from dkern.errors import StoreError
 from dkern.io import _store
-from dkern.io._lock import lease, local_dir, publish_lock
+from dkern.io._lock import lease, publish_lock
 from dkern.io._store import (
     FORMAT,
     POINTER_KEY,
     Url,
     file_digest,
     find_group,
+    local_dir,
     missing_part,
     open_group,
     plain_members,
