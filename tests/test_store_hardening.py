@@ -160,3 +160,161 @@ def test_cli_fit_over_a_forged_model_store_keeps_the_victim(tmp_path):
                           timeout=300)
     assert done.returncode != 0 and "cannot be trusted" in done.stderr, done.stderr
     assert (tmp_path / "bystander.txt").read_text() == "keep me" and Path(data).exists()
+
+
+def entry_of(url, name):
+    return json.loads(Path(url, "zarr.json").read_text())["attributes"]["dkern"]["arrays"][name]
+
+
+def chunk(url, name, index):
+    return Path(url, entry_of(url, name)["path"], "c", *map(str, index))
+
+
+@pytest.fixture
+def two_arrays(tmp_path):
+    """X (40, 2) and Y (40, 2), 4 chunks each, the same shapes, dtypes and codecs."""
+    url = str(tmp_path / "s.zarr")
+    rng = np.random.default_rng(1)
+    write_arrays(url, {"X": rng.normal(size=(40, 2)), "Y": rng.normal(size=(40, 2))},
+                 chunk_rows=10)
+    return url
+
+
+def moved_chunk(url, tmp_path):
+    shutil.copyfile(chunk(url, "Y", (1, 0)), chunk(url, "X", (1, 0)))
+    return "X", (1, 0), "no chunk of this array"
+
+
+def swapped_chunks(url, tmp_path):
+    a, b = chunk(url, "X", (0, 0)), chunk(url, "X", (2, 0))
+    tmp = a.with_suffix(".tmp")
+    a.rename(tmp), b.rename(a), tmp.rename(b)
+    return "X", None, "it holds chunk"  # (0, 0) holds (2, 0) and (2, 0) holds (0, 0)
+
+
+def swapped_folders(url, tmp_path):
+    a, b = Path(url, entry_of(url, "X")["path"]), Path(url, entry_of(url, "Y")["path"])
+    tmp = a.with_name("tmp")
+    a.rename(tmp), b.rename(a), tmp.rename(b)
+    return "X", None, None  # each folder's zarr.json (its crc list) fails the other's digest
+
+
+def foreign_copy(url, tmp_path):
+    other = str(tmp_path / "other.zarr")
+    write_arrays(other, {"X": np.random.default_rng(2).normal(size=(40, 2))}, chunk_rows=10)
+    shutil.rmtree(Path(url, entry_of(url, "X")["path"]))
+    shutil.copytree(Path(other, entry_of(other, "X")["path"]),
+                    Path(url, entry_of(url, "X")["path"]))
+    return "X", None, None  # its zarr.json differs now (the crc list): the metadata digest fails
+
+
+def float32_chunk(url, tmp_path):
+    """A chunk of a float32 array twice as long: the same byte size, other bytes."""
+    other = str(tmp_path / "f32.zarr")
+    write_arrays(other, {"X": np.random.default_rng(3).normal(size=(80, 2)).astype("f4")},
+                 chunk_rows=20)
+    shutil.copyfile(chunk(other, "X", (1, 0)), chunk(url, "X", (1, 0)))
+    return "X", (1, 0), "no chunk of this array"
+
+
+@pytest.mark.parametrize("damage", [moved_chunk, swapped_chunks, swapped_folders,
+                                    foreign_copy, float32_chunk], ids=lambda f: f.__name__)
+def test_chunks_are_bound_to_their_array_and_position(two_arrays, tmp_path, capsys, damage):
+    url = two_arrays
+    before = {n: open_array(url, n).compute() for n in ("X", "Y")}
+    name, index, how = damage(url, tmp_path)
+    error = CorruptChunkError if how is not None else StoreError
+    with pytest.raises(error) as err:
+        open_array(url, name).compute()
+    message = str(err.value)
+    assert f"{url!r}" in message and f"{name!r}" in message, message
+    if how is None:
+        assert "fails its checksum" in message, message
+    else:
+        assert "is not the chunk published at this position" in message and how in message
+        if index is not None:
+            assert f"chunk {index}" in message, message
+        else:
+            assert "(0, 0)" in message and "(2, 0)" in message, message
+    code = cli.main(["fsck", url, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and name not in report["arrays"], report
+    assert any(f"{name!r}" in line for line in report["damage"]), report
+    if damage is not swapped_folders:  # the other array is untouched and still verifies
+        np.testing.assert_array_equal(open_array(url, "Y").compute(), before["Y"])
+
+
+def test_a_small_file_claiming_many_chunks_is_refused_before_any_task(tmp_path):
+    """The issue's 7.5 KB store claiming 1e6 rows in one-row chunks: the manifest, the
+    array's metadata and both digests forged consistently. Refused at open, in well under
+    a second, before a task graph is built."""
+    url = str(tmp_path / "s.zarr")
+    write_array(np.ones((4, 3)), url, "centers", chunk_rows=1)
+    entry = entry_of(url, "centers")
+    meta = Path(url, entry["path"], "zarr.json")
+    doc = json.loads(meta.read_text())
+    n = 1_000_000
+    doc["shape"] = [n, 3]
+    doc["attributes"]["dkern_chunk_crc32c"] = [0] * n
+    meta.write_text(json.dumps(doc))
+    digest = "sha256:" + __import__("hashlib").sha256(meta.read_bytes()).hexdigest()
+
+    def claim(pointer):
+        pointer["arrays"]["centers"].update(shape=[n, 3], n_chunks=n, meta=digest)
+    forge(url, claim)
+    start = time.perf_counter()
+    with pytest.raises(CorruptChunkError, match=r"chunk \(4, 0\) .* is missing, and 999,995 "
+                       r"more .* 4 chunk files are present for the 1,000,000"):
+        open_array(url, "centers")
+    assert time.perf_counter() - start < 5.0
+
+
+def test_fsck_checks_what_it_can_of_plain_zarr_arrays(tmp_path, capsys):
+    url = str(tmp_path / "plain.zarr")
+    z = zarr.create_array(url, name="A", shape=(40, 2), chunks=(10, 2), dtype="f8")
+    z[:] = np.arange(80.0).reshape(40, 2) + 1
+    code = cli.main(["fsck", url, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and "no checksums" in report["plain"]["A"] and "absent" not in report[
+        "plain"]["A"]
+    os.remove(Path(url, "A", "c", "2", "0"))
+    report = check_store(url)
+    assert "1 of 4 chunks are absent ((2, 0))" in report.plain["A"], report.plain
+    assert "cannot be told apart" in report.plain["A"]
+
+
+@pytest.mark.parametrize("name", ["zarr.json", "zarr.foo", "x.partial"])
+def test_names_zarr_and_dkern_use_are_refused(tmp_path, name):
+    url = str(tmp_path / "s.zarr")
+    with pytest.raises(ValueError, match="names zarr and dkern use") as err:
+        write_array(np.ones(3), url, name)
+    assert repr(name) in str(err.value)
+    assert not Path(url).exists()
+
+
+def test_fsck_walks_deeply_nested_groups(tmp_path, capsys):
+    url = str(tmp_path / "deep.zarr")
+    root = zarr.open_group(url, mode="w")
+    root.create_group("/".join(["g"] * 1100))
+    try:
+        code = cli.main(["fsck", url, "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0 and report["ok"], report
+    finally:  # shutil.rmtree (pytest's own clean-up too) recurses, and would fail on it
+        remove_tree(url)
+
+
+def remove_tree(top):
+    """Delete a folder tree of any depth without recursion."""
+    folders, pending = [], [top]
+    while pending:
+        folder = pending.pop()
+        folders.append(folder)
+        with os.scandir(folder) as entries:
+            for item in entries:
+                if item.is_dir(follow_symlinks=False):
+                    pending.append(item.path)
+                else:
+                    os.unlink(item.path)
+    for folder in reversed(folders):
+        os.rmdir(folder)

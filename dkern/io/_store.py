@@ -13,7 +13,10 @@ table under the key ``"dkern"``::
 
 The arrays themselves live in hidden version folders ``.dkern/<UTC time>-<random>/``,
 one per write, named without looking at the pointer so that concurrent writers never
-share one. Readers only follow the pointer, so the pointer update is the publish.
+share one. Readers only follow the pointer, so the pointer update is the publish. Each
+array's own ``zarr.json`` lists the crc32c every chunk file ends with (``CHUNK_CRCS``),
+recorded as the chunks were written; with that file's digest in the pointer, a chunk is
+bound to its array, its grid position and its version (:class:`StrictChunkStore`).
 
 What the checksums protect against: accidents (a flipped bit, a truncated or
 half-copied file, an edit by hand or by another tool), which become errors naming the
@@ -32,8 +35,10 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import zarr
 import zarr.errors
+from crc32c import crc32c
 from dask.base import tokenize
 from fsspec.core import url_to_fs
 from zarr.abc.store import Store
@@ -53,6 +58,9 @@ FORMAT = 2
 VERSIONS_DIR = ".dkern"
 #: The name of a version folder dkern creates (:func:`dkern.io.maintenance.new_folder`).
 FOLDER_NAME = re.compile(r"(\d{8}T\d{6}Z)-[0-9a-f]{16}")
+#: The attribute of a dkern array's own metadata listing the crc32c each chunk file ends
+#: with, in C order over the chunk grid: what binds a chunk to its array and position.
+CHUNK_CRCS = "dkern_chunk_crc32c"
 #: What a pointer entry must hold, and of which type: anything else is a damaged pointer.
 ENTRY_FIELDS = {"path": str, "shape": list, "dtype": str, "chunks": list, "n_chunks": int,
                 "uid": str, "meta": str}
@@ -250,8 +258,14 @@ def checksum(pointer: dict[str, Any]) -> str:
 
 def file_digest(store: Store, key: str) -> str | None:
     """``"sha256:<hex>"`` of the file ``key`` (an array's ``zarr.json``); None if absent."""
+    value = read_file(store, key)
+    return None if value is None else "sha256:" + hashlib.sha256(value).hexdigest()
+
+
+def read_file(store: Store, key: str) -> bytes | None:
+    """The bytes of the file ``key``; None if absent."""
     value = sync(store.get(key, prototype=default_buffer_prototype()))
-    return None if value is None else "sha256:" + hashlib.sha256(value.to_bytes()).hexdigest()
+    return None if value is None else value.to_bytes()
 
 
 def sealed(pointer: dict[str, Any]) -> dict[str, Any]:
@@ -293,11 +307,23 @@ class MissingChunk(KeyError):
         self.key = key
 
 
-class StrictChunkStore(WrapperStore[Store]):
-    """A read-only store view that raises :class:`MissingChunk` for absent chunks.
+class MisplacedChunk(KeyError):
+    """A chunk file whose crc32c is not the one recorded for its position at publish."""
 
-    zarr reads an absent chunk as the fill value; for arrays dkern wrote every
-    chunk exists, so an absence is damage and must not pass silently.
+    def __init__(self, key: str, found: int, index: tuple[int, ...] | None) -> None:
+        super().__init__(key)
+        self.key, self.found, self.index = key, found, index
+
+
+class StrictChunkStore(WrapperStore[Store]):
+    """A read-only store view that checks every chunk of one array against its manifest.
+
+    zarr reads an absent chunk as the fill value; for arrays dkern wrote every chunk
+    exists, so an absence is damage and must not pass silently (:class:`MissingChunk`).
+    The crc32c each chunk file ends with (its codec's checksum of the payload) must be
+    the one recorded for that grid position when the array was published: a chunk moved
+    from another position, array, version or store, each intact in itself, is then
+    reported (:class:`MisplacedChunk`) instead of read as this one.
 
     Parameters
     ----------
@@ -305,22 +331,35 @@ class StrictChunkStore(WrapperStore[Store]):
         The store to wrap.
     chunk_prefix : str
         Keys starting with this (``"<array path>/c/"``) are chunk keys.
+    crcs : ndarray of uint32, shape (chunk grid)
+        The crc32c recorded for each chunk.
     """
 
-    def __init__(self, store: Store, chunk_prefix: str) -> None:
+    def __init__(self, store: Store, chunk_prefix: str, crcs: np.ndarray) -> None:
         super().__init__(store)
         self.chunk_prefix = chunk_prefix
+        self.crcs = crcs
 
     def _with_store(self, store: Store) -> StrictChunkStore:
-        return type(self)(store, self.chunk_prefix)
+        return type(self)(store, self.chunk_prefix, self.crcs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self._store, self.chunk_prefix))
+        return (type(self), (self._store, self.chunk_prefix, self.crcs))
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
         value = await self._store.get(key, prototype, byte_range)
-        if value is None and key.startswith(self.chunk_prefix):
+        if not key.startswith(self.chunk_prefix):
+            return value
+        if value is None:
             raise MissingChunk(key)
+        if byte_range is None and len(value) >= 4:
+            index = tuple(int(i) for i in key.removeprefix(self.chunk_prefix).split("/"))
+            found = int.from_bytes(value[len(value) - 4:].to_bytes(), "little")
+            # A chunk damaged in itself fails its codec's check, which says so; only an
+            # intact chunk recorded for another place is misplaced.
+            if found != self.crcs[index] and crc32c(value[:len(value) - 4].to_bytes()) == found:
+                owner = np.argwhere(self.crcs == found)
+                raise MisplacedChunk(key, found, tuple(map(int, owner[0])) if len(owner) else None)
         return value

@@ -143,9 +143,7 @@ def _check_plain(root: zarr.Group, name: str, group: str, report: StoreReport) -
     position. Its contents have no checksums dkern knows of, so they cannot be checked."""
     try:
         z = root.get(name)
-    except (ValueError, TypeError, KeyError) as err:
-        report.damage.append(f"{where(report.url, group)}: the metadata of {name!r} is "
-                             f"damaged ({type(err).__name__}: {err}).")
+    except (ValueError, TypeError, KeyError):  # reported by the walk, which tries it as a group
         return
     if not isinstance(z, zarr.Array):
         return
@@ -276,11 +274,40 @@ def _orphans(
     partials = [p for p in listed if p.endswith(".partial")]
     partials += [n for n in _list_dir(store, group) if n.endswith(".partial")]
     if deep:  # inside unused folders they go with the folder, once its lease is free
-        partials += [key.removeprefix(prefix) for key in sync(_keys(store.list_prefix(prefix)))
+        partials += [key for key in _own_files(url, group, store)
                      if key.endswith(".partial")
-                     and not key.removeprefix(prefix).startswith(tuple(f"{p}/" for p in unused))]
+                     and not key.startswith(tuple(f"{p}/" for p in unused))]
     return sorted({p for p in unused if _folder_age(p) >= min_age}
                   | {p for p in partials if _file_age(url, group, p) >= min_age})
+
+
+def _own_files(url: str, group: str, store: Store) -> list[str]:
+    """Paths (relative to the group) of every file in the group's folder and its arrays',
+    not in its sub-groups' (each group is checked in its own turn: listing them here too
+    would list a store nested n deep n times). Walked without recursion."""
+    subgroups = {name for name in _list_dir(store, group) if _is_group_dir(store, group, name)}
+    base = local_dir(url, group)
+    if base is None:
+        prefix = f"{group}/" if group else ""
+        keys = [key.removeprefix(prefix) for key in sync(_keys(store.list_prefix(prefix)))]
+        return [key for key in keys if key.partition("/")[0] not in subgroups]
+    found, pending = [], [""]
+    while pending:
+        folder = pending.pop()
+        with os.scandir(os.path.join(base, folder)) as entries:
+            for item in entries:
+                path = f"{folder}/{item.name}" if folder else item.name
+                if item.is_dir(follow_symlinks=False):
+                    if path not in subgroups:
+                        pending.append(path)
+                else:
+                    found.append(path)
+    return found
+
+
+def _is_group_dir(store: Store, group: str, name: str) -> bool:
+    meta = _store.read_file(store, "/".join(p for p in (group, name, "zarr.json") if p))
+    return meta is not None and b'"group"' in meta
 
 
 def _folder_age(path: str) -> float:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import os
 from typing import Any
 
@@ -10,16 +13,19 @@ import numpy as np
 import zarr
 from dask.array.core import normalize_chunks
 from dask.base import tokenize
+from zarr.core.sync import sync
 
 from dkern.errors import CorruptChunkError, StoreError
 from dkern.io._store import (
+    CHUNK_CRCS,
+    MisplacedChunk,
     MissingChunk,
     StrictChunkStore,
     Url,
-    file_digest,
     make_store,
     open_group,
     plain_members,
+    read_file,
     read_name,
     read_pointer,
     where,
@@ -40,11 +46,12 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
         A name in dkern's pointer table resolves to its latest published version;
         any other name opens the plain Zarr array ``group[path]`` as it is.
     verify : bool, default True
-        For arrays dkern wrote: check the array's metadata file against its
-        checksum and its shape, dtype and chunks against the pointer table now,
-        and that every chunk exists when it is read (zarr alone would read a
-        missing chunk as the fill value). Chunk checksums are checked on every
-        read either way.
+        For arrays dkern wrote: check now the array's metadata file against its
+        digest, its shape, dtype and chunks against the pointer table, and that the
+        chunk files present back the chunk count it claims; when each chunk is read,
+        that it exists (zarr alone would read a missing chunk as the fill value) and
+        is the chunk published at that position (its crc32c as recorded at publish).
+        Each chunk's own crc32c is checked on every read either way.
 
     Returns
     -------
@@ -111,6 +118,17 @@ def _read_block(z: zarr.Array, url: str, label: str, *, block_info: dict[Any, An
     index = tuple(block_info[None]["chunk-location"])
     try:
         return np.asarray(z[region])
+    except MisplacedChunk as err:
+        where_from = (f"it holds chunk {err.index} of this array (were chunks swapped?)"
+                      if err.index is not None else
+                      "it is no chunk of this array's version (copied from another array, "
+                      "version or store?)")
+        raise CorruptChunkError(
+            f"store {url!r}, array {label!r}: chunk {index} (key {err.key!r}) is intact but "
+            f"is not the chunk published at this position: its crc32c {err.found:#010x} is "
+            f"not the one recorded; {where_from}. Check the whole store with `dkern fsck "
+            f"{url}` and rewrite the array from its source."
+        ) from None
     except MissingChunk as err:
         raise CorruptChunkError(
             f"store {url!r}, array {label!r}: chunk {index} (key {err.key!r}) is missing. "
@@ -166,34 +184,86 @@ def _dkern_array(
 ) -> zarr.Array:
     full = "/".join(p for p in (group, entry["path"]) if p)
     store = make_store(url, read_only=True)
-    if verify:
-        digest = file_digest(store, f"{full}/zarr.json")
-        if digest is not None and digest != entry["meta"]:
-            raise StoreError(
-                f"{where(url, group)}: the metadata of array {name!r} ({full}/zarr.json) fails "
-                "its checksum: it was edited or damaged after dkern wrote it (its codecs say "
-                "how the stored bytes are read). Rewrite the array from its source."
-            )
-        store = StrictChunkStore(store, chunk_prefix=f"{full}/c/")
-    try:
-        z = zarr.open_array(store=store, path=full, mode="r", zarr_format=3)
-    except FileNotFoundError:
+    raw = read_file(store, f"{full}/zarr.json")
+    if raw is None:
         raise StoreError(
             f"{where(url, group)}: the pointer table lists array {name!r} at {entry['path']!r} "
             "but no array is there; the store is damaged. Rewrite the array."
-        ) from None
+        )
+    if verify and "sha256:" + hashlib.sha256(raw).hexdigest() != entry["meta"]:
+        raise StoreError(
+            f"{where(url, group)}: the metadata of array {name!r} ({full}/zarr.json) fails "
+            "its checksum: it was edited or damaged after dkern wrote it (its codecs say "
+            "how the stored bytes are read). Rewrite the array from its source."
+        )
+    z = _opened(store, url, group, name, full)
+    if not verify:
+        return z
+    found = {"shape": list(z.shape), "dtype": str(z.dtype), "chunks": list(z.chunks),
+             "n_chunks": z.nchunks}
+    expected = {key: entry[key] for key in found}
+    if found != expected:
+        raise StoreError(
+            f"{where(url, group)}: array {name!r} does not match its manifest: "
+            f"expected {expected}, found {found}. The store is damaged; rewrite the array."
+        )
+    crcs = _chunk_crcs(raw, z, url, group, name, full)
+    _check_chunks_present(store, z, url, "/".join(p for p in (group, name) if p))
+    return _opened(StrictChunkStore(store, chunk_prefix=f"{full}/c/", crcs=crcs),
+                   url, group, name, full)
+
+
+def _opened(store: Any, url: str, group: str, name: str, full: str) -> zarr.Array:
+    try:
+        return zarr.open_array(store=store, path=full, mode="r", zarr_format=3)
     except (ValueError, TypeError, KeyError) as err:  # its zarr.json is damaged
         raise StoreError(
             f"{where(url, group)}: the metadata of array {name!r} ({full}/zarr.json) is "
             f"damaged ({type(err).__name__}: {err}). Rewrite the array from its source."
         ) from err
-    if verify:
-        found = {"shape": list(z.shape), "dtype": str(z.dtype), "chunks": list(z.chunks),
-                 "n_chunks": z.nchunks}
-        expected = {key: entry[key] for key in found}
-        if found != expected:
-            raise StoreError(
-                f"{where(url, group)}: array {name!r} does not match its manifest: "
-                f"expected {expected}, found {found}. The store is damaged; rewrite the array."
-            )
-    return z
+
+
+def _chunk_crcs(raw: bytes, z: zarr.Array, url: str, group: str, name: str,
+                full: str) -> np.ndarray:
+    """The crc32c recorded at publish for each chunk, shape (chunk grid)."""
+    try:
+        crcs = np.asarray(json.loads(raw)["attributes"][CHUNK_CRCS], dtype=np.uint32)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        crcs = None
+    if crcs is None or crcs.shape != (z.nchunks,):
+        raise StoreError(
+            f"{where(url, group)}: array {name!r} ({full}) lacks a valid list of the "
+            f"checksums of its {z.nchunks} chunks (written by an earlier dkern, or damaged). "
+            "Rewrite the array with this dkern."
+        )
+    return crcs.reshape(z.cdata_shape)
+
+
+def _check_chunks_present(store: Any, z: zarr.Array, url: str, label: str) -> None:
+    """CorruptChunkError naming the first missing chunks, unless a file exists for every
+    chunk. Checked before any task is built: a small file claiming millions of chunks
+    (each a dask task) is refused for what it lacks, not once the graph fills memory;
+    the listing costs what the files present cost, whatever the claim."""
+    present = set(sync(_keys(store.list_prefix(f"{z.path}/c/"))))
+    if len(present) >= z.nchunks:
+        return
+    missing = []
+    for index in itertools.product(*map(range, z.cdata_shape)):
+        key = f"{z.path}/{z.metadata.encode_chunk_key(index)}"
+        if key not in present:
+            missing.append((index, key))
+            if len(missing) == 4:
+                break
+    (index, key), more = missing[0], z.nchunks - len(present) - 1
+    others = f", and {more:,} more of its {z.nchunks:,} chunks" if more else ""
+    listed = f" (first: {', '.join(str(i) for i, _ in missing[1:])})" if more else ""
+    raise CorruptChunkError(
+        f"store {url!r}, array {label!r}: chunk {index} (key {key!r}) is missing{others}"
+        f"{listed}; {len(present):,} chunk files are present for the {z.nchunks:,} its "
+        f"metadata claims. Nothing was read. The store is damaged (or was forged): check "
+        f"it with `dkern fsck {url}` and rewrite the array from its source."
+    )
+
+
+async def _keys(items: Any) -> list[str]:
+    return [item async for item in items]

@@ -34,7 +34,9 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import zarr
+from zarr.abc.store import SuffixByteRequest
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from dkern._failures import worker_failures
@@ -43,6 +45,7 @@ from dkern.errors import StoreError
 from dkern.io import _store
 from dkern.io._lock import lease, publish_lock
 from dkern.io._store import (
+    CHUNK_CRCS,
     FORMAT,
     POINTER_KEY,
     Url,
@@ -166,10 +169,12 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
             "Pass e.g. {'X': X}."
         )
     for name in arrays:
-        if not isinstance(name, str) or not name or "/" in name or name.startswith((".", "__")):
+        if not isinstance(name, str) or not name or "/" in name or _reserved(name):
             raise ValueError(
                 f"array names must be non-empty strings without '/' that start with neither "
-                f"'.' nor '__'; got {name!r}. Rename the array, or pass group= for nesting."
+                f"'.', '__' nor 'zarr.' and do not end in '.partial' (names zarr and dkern "
+                f"use for their own files); got {name!r}. Rename the array, or pass group= "
+                "for nesting."
             )
     return list(arrays.items())
 
@@ -180,14 +185,20 @@ def _checked_group(group: str) -> str:
     if not isinstance(group, str):
         raise TypeError(f"group must be a str such as 'models/krr'; got {type(group).__name__}.")
     parts = group.strip("/").split("/") if group.strip("/") else []
-    bad = [p for p in parts if not p or p.startswith((".", "__"))]
+    bad = [p for p in parts if not p or _reserved(p)]
     if bad:
         raise ValueError(
-            f"group path components must be non-empty and start with neither '.' nor '__'; got "
-            f"{group!r} (component {bad[0]!r}). Choose another name: names starting with '.' "
-            "are dkern's hidden version folders."
+            f"group path components must be non-empty, start with neither '.', '__' nor "
+            f"'zarr.' and not end in '.partial'; got {group!r} (component {bad[0]!r}). Choose "
+            "another name: names starting with '.' are dkern's hidden version folders, "
+            "'zarr.json' is a group's metadata file, '*.partial' a killed write's leftover."
         )
     return "/".join(parts)
+
+
+def _reserved(name: str) -> bool:
+    """Whether a name clashes with zarr's or dkern's own files in a group's folder."""
+    return name.startswith((".", "__", "zarr.")) or name.endswith(".partial")
 
 
 def _checked_attrs(attrs: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -326,7 +337,11 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
         for name, x in sources.items()
     }
     with worker_failures():
-        da.store(list(sources.values()), list[Any](targets.values()), lock=False)
+        tails = da.compute(*[_chunks_written(x, targets[name]) for name, x in sources.items()])
+    for z, crc in zip(targets.values(), tails, strict=True):
+        # Recorded in the array's own metadata, whose digest the pointer holds: a chunk is
+        # then bound to its array, its position and this version (see read.py).
+        z.update_attributes({CHUNK_CRCS: crc.reshape(-1).tolist()})
     uid = uuid.uuid4().hex
     return {
         name: {
@@ -341,6 +356,27 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
         }
         for name, z in targets.items()
     }
+
+
+def _chunks_written(x: da.Array, z: zarr.Array) -> da.Array:
+    """Write ``x`` into ``z`` block by block (each block one Zarr chunk); per block, the
+    crc32c its chunk file ends with, shape (n_blocks_0, 1, ...)."""
+    return da.map_blocks(_write_block, x, z, chunks=tuple((1,) * len(c) for c in x.chunks),
+                         dtype=np.uint32, meta=np.empty((0,) * x.ndim, dtype=np.uint32))
+
+
+def _write_block(block: np.ndarray, z: zarr.Array, block_info: dict[Any, Any]) -> np.ndarray:
+    """Write one chunk; return the crc32c the codec appended to its bytes (it covers the
+    compressed payload, so it identifies the chunk's contents at no extra hashing cost)."""
+    location = block_info[0]
+    z[tuple(slice(lo, hi) for lo, hi in location["array-location"])] = block
+    key = f"{z.path}/{z.metadata.encode_chunk_key(tuple(location['chunk-location']))}"
+    tail = sync(z.store.get(key, prototype=default_buffer_prototype(),
+                            byte_range=SuffixByteRequest(4)))
+    if tail is None:  # another process removed the version folder while this one wrote it
+        raise StoreError(f"chunk {key!r} vanished right after it was written; was the store "
+                         "cleaned with min_age=0 while this write ran?")
+    return np.full((1,) * block.ndim, int.from_bytes(tail.to_bytes(), "little"), np.uint32)
 
 
 def _collect_quietly(url: str, group: str, pointer: dict[str, Any]) -> None:
