@@ -1,5 +1,5 @@
-"""Hostile inputs to the models: forged model files are refused before any array is read,
-with the figures."""
+"""Hostile and extreme inputs to the models: forged model files are refused before any array
+is read, with the figures; values whose squares overflow float64 are refused naming the entry."""
 
 import hashlib
 import json
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import dkern
-from dkern import KernelRidge
+from dkern import GaussianProcessRegressor, KernelLogisticRegression, KernelRidge
 from dkern.errors import MemoryLimitError, StoreError
 
 pytestmark = pytest.mark.usefixtures("sync_scheduler")
@@ -165,3 +165,34 @@ def test_fitted_values_of_the_wrong_type_are_refused(tmp_path, name, value, expe
             f"the model's 'fitted' attribute '{name}' is {value!r} ({type(value).__name__}); "
             f"dkern.load expected {expected}. The file")):
         dkern.load(url)
+
+
+BIG_X = X.copy()
+BIG_X[5, 1] = 1e300
+BIG_Y = Y.copy()
+BIG_Y[7] = 1e308
+X_MESSAGE = r"X\[5, 1\] = 1e\+300 is too large: .* above 3.87e\+153 .* Rescale X"
+Y_MESSAGE = r"y\[7\] = 1e\+308 is too large: .* above 1.06e\+153 .* Rescale y"
+
+
+@pytest.mark.parametrize("fit, message", [  # what each raised before
+    (lambda: KernelRidge(solver="cg").fit(BIG_X, Y), X_MESSAGE),  # Eigenvalues did not converge
+    (lambda: KernelRidge(solver="cg").fit(X, BIG_Y), Y_MESSAGE),  # CG: rho is inf
+    (lambda: KernelRidge(solver="nystrom", n_centers=10).fit(X, BIG_Y),
+     Y_MESSAGE),  # array must not contain infs or NaNs
+    (lambda: KernelRidge(solver="exact").fit(X, Y).predict(BIG_X), X_MESSAGE),  # NaN predictions
+    (lambda: GaussianProcessRegressor(solver="exact").fit(X, BIG_Y),
+     Y_MESSAGE),  # NotPositiveDefiniteError
+    (lambda: KernelLogisticRegression().fit(BIG_X, Y > 0),
+     X_MESSAGE),  # tol must be a finite number > 0; got nan
+])
+def test_values_whose_squares_overflow_are_refused_naming_the_entry(fit, message):
+    with pytest.raises(ValueError, match=message):
+        fit()
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg", "nystrom"])
+def test_large_targets_below_the_bound_still_fit(solver):
+    model = KernelRidge(solver=solver, n_centers=10 if solver == "nystrom" else None).fit(
+        X, Y * 1e150)
+    assert np.all(np.isfinite(model.predict(X)))

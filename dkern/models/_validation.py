@@ -32,7 +32,7 @@ def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
     with scikit-learn's message.
     """
     if not is_lazy(X):
-        return validate_data(estimator, X, reset=reset, dtype=np.float64)
+        return check_magnitude(validate_data(estimator, X, reset=reset, dtype=np.float64), "X")
     Xd = as_rows(X, name="X")
     if reset:
         estimator.n_features_in_ = Xd.shape[1]
@@ -94,7 +94,30 @@ def _numpy_y(y: Any) -> np.ndarray:
     if bad.any():
         raise ValueError(f"y contains NaN or infinity in {int(bad.sum())} rows, the first at row "
                          f"{int(np.argmax(bad))}. Drop or impute those samples.")
-    return yn
+    return check_magnitude(yn, "y")
+
+
+def check_magnitude(a: np.ndarray, name: str) -> np.ndarray:
+    """``a`` (finite float64, shape (n,) or (n, d)) if its sums of squares cannot overflow.
+
+    Kernels add squares and products of X's values over its d columns (squared
+    distances, inner products) and the solvers those of y's over its n·t entries
+    (norms, inner products): with every ``|value| <= sqrt(max float64 / (4 · count))``
+    none of them overflows to inf, which the solvers would report as NaN, failed
+    eigenvalue solves or a matrix that is not positive definite.
+    """
+    count = a.shape[1] if name == "X" and a.ndim == 2 else a.size
+    limit = math.sqrt(np.finfo(np.float64).max / (4 * max(count, 1)))
+    big = np.abs(a) > limit
+    if big.any():
+        where = np.unravel_index(int(np.argmax(big)), a.shape)
+        index = ", ".join(str(int(i)) for i in where)
+        raise ValueError(
+            f"{name}[{index}] = {a[where]:.6g} is too large: dkern sums squares and products of "
+            f"{name}'s values, which overflow float64 for |values| above {limit:.3g} ({name} has "
+            f"{int(big.sum())} such entries). Rescale {name} (e.g. with "
+            "sklearn.preprocessing.StandardScaler, or by a power of 10) and fit again.")
+    return a
 
 
 def finite_number(value: Any) -> float | None:
