@@ -17,13 +17,21 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from ..errors import DkernError
+from ..errors import DkernError, StoreError
+from .gp_classifier import SOLVERS as _GIVEN_SOLVERS
 from .gp_classifier import GaussianProcessClassifier
 
 #: What :func:`fitted` writes and ``load`` accepts in the "fitted" attribute.
 FITTED_NAMES = frozenset({
     "solver_", "n_iter_", "n_features_in_", "feature_names_in_", "n_classes_",
     "log_marginal_likelihood_value_", "classes_", "classes_dtype", "X_fit_lazy", "pi_lazy"})
+#: The fitted ``solver_`` (``"auto"`` resolves to one of these).
+SOLVERS = tuple(s for s in _GIVEN_SOLVERS if s != "auto")
+#: "fitted" kinds that differ from other models': one iteration count per binary problem.
+FITTED_KINDS = {"n_iter_": "counts"}
+#: The arrays by dimension: ``n`` training rows, ``d`` features, ``p`` binary problems
+#: (1 for two classes: ``pi`` is then 1-D).
+SHAPES = {"X_fit": ("n", "d"), "y_train": ("n",), "pi": ("n", "p?")}
 #: Label dtypes whose values survive a JSON round trip exactly (by ``dtype.kind``).
 _JSON_KINDS = "biufU"
 
@@ -51,6 +59,17 @@ def fitted(model: GaussianProcessClassifier) -> dict[str, Any]:
     if hasattr(model, "feature_names_in_"):
         out["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
     return out
+
+
+def shapes(fitted: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]],
+                                             dict[str, tuple[int, str]]]:
+    """:data:`SHAPES` and the dimension the attributes fix (``p``, from the classes)."""
+    c = fitted["n_classes_"]
+    if c != len(fitted["classes_"]):
+        raise StoreError(f"the GaussianProcessClassifier's n_classes_ = {c} but it lists "
+                         f"{len(fitted['classes_'])} classes_; they must match. The file was "
+                         "edited or damaged; save the model again.")
+    return SHAPES, {"p": (1 if c == 2 else c, f"n_classes_ = {c}")}
 
 
 def _classes_json(classes: np.ndarray) -> list[Any]:

@@ -15,12 +15,18 @@ import dask.array as da
 import numpy as np
 
 from ..errors import DkernError
+from .kernel_logistic import SOLVERS as _GIVEN_SOLVERS
 from .kernel_logistic import KernelLogisticRegression
 
 #: What :func:`fitted` writes and ``load`` accepts in the "fitted" attribute.
 FITTED_NAMES = frozenset({
     "solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_", "classes_",
     "classes_dtype", "dual_coef_lazy", "X_fit_lazy"})
+#: The fitted ``solver_`` values ``load`` knows.
+SOLVERS = _GIVEN_SOLVERS
+#: The arrays by dimension: ``n`` training rows, ``d`` features, ``p`` binary problems
+#: (1 for two classes: ``dual_coef`` is then 1-D), ``r`` = n_iter_ + 1 residual rows.
+SHAPES = {"dual_coef": ("n", "p?"), "X_fit": ("n", "d"), "residuals": ("r", "p")}
 #: Label dtypes whose values survive a JSON round trip exactly (by ``dtype.kind``).
 _JSON_KINDS = "biufU"
 
@@ -58,6 +64,13 @@ def restore(model: KernelLogisticRegression, fitted: dict[str, Any],
     model.X_fit_ = read("X_fit", fitted.pop("X_fit_lazy"))
     model.residuals_ = read("residuals", False)
     model.classes_ = decode_classes(fitted)
+
+
+def shapes(fitted: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]],
+                                             dict[str, tuple[int, str]]]:
+    """:data:`SHAPES` and the dimensions the attributes fix (``p`` and ``r``)."""
+    c, r = len(fitted["classes_"]), fitted["n_iter_"] + 1
+    return SHAPES, {"p": (1 if c == 2 else c, f"{c} classes_"), "r": (r, f"n_iter_ + 1 = {r}")}
 
 
 def encode_classes(classes: np.ndarray, owner: str) -> dict[str, Any]:

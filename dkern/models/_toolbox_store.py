@@ -32,6 +32,9 @@ FITTED_ARRAY = {"KernelDensity": "log_norm_", "NadarayaWatson": "y_fit_",
 #: The training targets' array per model (the density has none).
 _TARGETS = {"NadarayaWatson": "y_fit", "KNeighborsRegressor": "y_fit",
             "KNeighborsClassifier": "y_codes"}
+#: The arrays by dimension: ``n`` training rows, ``d`` features, ``t`` targets ("t?": the
+#: targets may be 1-D).
+_SHAPES = {"X_fit": ("n", "d"), "y_fit": ("n", "t?"), "y_codes": ("n",)}
 
 
 def arrays(model: BaseEstimator) -> dict[str, Any]:
@@ -41,6 +44,16 @@ def arrays(model: BaseEstimator) -> dict[str, Any]:
     if target is not None:
         out[target] = getattr(model, f"{target}_")
     return out
+
+
+def shapes(kind: str, fitted: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]],
+                                                        dict[str, tuple[int, str]]]:
+    """The model's arrays by dimension, and the one its attributes fix (the neighbour
+    models' ``n``)."""
+    names = ["X_fit"] + ([_TARGETS[kind]] if kind in _TARGETS else [])
+    n = fitted.get("n_samples_fit_")
+    return ({name: _SHAPES[name] for name in names},
+            {} if n is None else {"n": (n, f"n_samples_fit_ = {n}")})
 
 
 def attrs(model: BaseEstimator, kernel_text: Callable[[Kernel], str]) -> dict[str, Any]:

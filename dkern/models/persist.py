@@ -51,11 +51,17 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._version import __version__
 from ..errors import DkernError, StoreError
-from ..io import list_arrays, open_array, read_attrs, write_arrays
-from ..io._store import Url
+from ..io import open_array, read_attrs, write_arrays
+from ..io._store import Url, open_group, read_pointer
 from ..kernels import Kernel, from_repr
 from . import _gp_sparse, _gpc_store, _klr_store, _toolbox_store
-from ._validation import existing_arrays, fixed_seed
+from ._validation import (
+    check_file_values,
+    check_fits_in_memory,
+    check_stored_shapes,
+    existing_arrays,
+    fixed_seed,
+)
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
@@ -101,6 +107,21 @@ _FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha
                  "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_",
                  **_toolbox_store.FITTED_ARRAY}
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
+#: The kind (a key of ``_validation.FILE_VALUE_KINDS``) of each "fitted" scalar; every
+#: ``*_lazy`` flag is a bool. The classifier's ``n_iter_`` has one count per binary problem.
+_FITTED_KINDS = {
+    "solver_": "str", "n_iter_": "count", "converged_": "bool", "n_features_in_": "positive",
+    "feature_names_in_": "strings", "variance_": "str",
+    "log_marginal_likelihood_value_": "number or null", "y_train_mean": "numbers",
+    "y_train_std": "numbers", "pivot_seed": "count", "sgpr_trace": "number",
+    "sgpr_n": "positive", "sgpr_jitter": "number", "n_classes_": "positive",
+    "classes_": "labels", "classes_dtype": "label dtype", "log_norm_": "number",
+    "n_samples_fit_": "positive"}
+#: The solvers whose arrays ``load`` knows, per model (the memory-based models have none).
+_SOLVERS = {"KernelRidge": ("exact", "cg", "nystrom"),
+            "GaussianProcessRegressor": ("exact", "cg", "nystrom"),
+            "GaussianProcessClassifier": _gpc_store.SOLVERS,
+            "KernelLogisticRegression": _klr_store.SOLVERS}
 
 
 def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
@@ -165,6 +186,20 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
 
 
+#: The arrays of a KernelRidge file per solver, by dimension (``n`` training rows, ``m``
+#: centres, ``d`` features, ``t`` targets, ``r`` residual rows); "t?": (n,) or (n, t).
+_KRR_SHAPES = {
+    "exact": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?")},
+    "cg": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?"), "residuals": ("r", "t")},
+    "nystrom": {"centers": ("m", "d"), "dual_coef": ("m", "t?"), "residuals": ("r", "t")}}
+_GP_SHAPES = {
+    "exact": {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?"),
+              "L": ("n", "n")},
+    "cg": {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?")},
+    "nystrom": {"centers": ("m", "d"), "alpha": ("m", "t?"), "L": ("m", "m"), "P": ("m", "m"),
+                "b": ("m", "t"), "yty": ("t",)}}
+
+
 def _krr_arrays(model: KernelRidge) -> dict[str, Any]:
     arrays: dict[str, Any] = {"dual_coef": model.dual_coef_}
     if model.solver_ == "nystrom":
@@ -209,19 +244,18 @@ def load(url: Url) -> Model:
         model file that was edited or damaged.
     """
     url = os.fspath(url)
-    attrs = _model_attrs(url)
-    if attrs["dkern_model"] in _toolbox_store.FITTED_NAMES:
-        fitted = _checked_fitted(url, attrs)
-        model = _toolbox_store.restore(_MODELS[attrs["dkern_model"]], attrs, fitted,
+    attrs, manifest = _stored(url)
+    kind = attrs["dkern_model"]
+    fitted = _checked_fitted(url, attrs)
+    _check_arrays(url, attrs, fitted, manifest)
+    if kind in _toolbox_store.FITTED_NAMES:
+        model = _toolbox_store.restore(_MODELS[kind], attrs, fitted,
                                        lambda name, lazy: _read(url, name, lazy=lazy))
         _set_fitted(model, fitted)
         return model
-    given = None if attrs["kernel_is_default"] else from_repr(attrs["kernel"])
-    model = _MODELS[attrs["dkern_model"]](kernel=given, **attrs["params"])
-    fitted = _checked_fitted(url, attrs)
-    fitted_kernel = attrs.get("fitted_kernel") or attrs["kernel"]
-    model.kernel_ = ([from_repr(text) for text in fitted_kernel]  # one-vs-rest classifier
-                     if isinstance(fitted_kernel, list) else from_repr(fitted_kernel))
+    given = None if attrs["kernel_is_default"] else _kernel(url, attrs, "kernel")
+    model = _MODELS[kind](kernel=given, **attrs["params"])
+    model.kernel_ = _kernel(url, attrs, "fitted_kernel" if attrs.get("fitted_kernel") else "kernel")
     if isinstance(model, GaussianProcessRegressor):
         _restore_gp(model, url, fitted)
     elif isinstance(model, GaussianProcessClassifier):
@@ -232,6 +266,17 @@ def load(url: Url) -> Model:
         _restore_krr(model, url, fitted)
     _set_fitted(model, fitted)
     return model
+
+
+def _kernel(url: str, attrs: dict[str, Any], key: str) -> Kernel | list[Kernel]:
+    """The kernel (a list of them for a one-vs-rest classifier) the attribute ``key`` holds."""
+    text = attrs[key]
+    try:
+        return [from_repr(t) for t in text] if isinstance(text, list) else from_repr(text)
+    except ValueError as err:
+        raise StoreError(f"{url!r}: the model's attribute {key!r} is not a kernel dkern can "
+                         f"rebuild ({err}). The file was not written by dkern.save (or was "
+                         "edited after); save the model again.") from None
 
 
 def _set_fitted(model: Model, fitted: dict[str, Any]) -> None:
@@ -390,15 +435,17 @@ def _existing_attrs(url: str) -> dict[str, Any]:
         return {}
 
 
-def _model_attrs(url: str) -> dict[str, Any]:
-    """The model attributes of ``url``, checked for kind, format and dkern version."""
-    attrs = read_attrs(url)
+def _stored(url: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The model attributes of ``url``, checked, and its arrays' manifest entries (shape,
+    dtype, chunks), both from one read of the store's pointer, before any array is read."""
+    pointer = read_pointer(open_group(url, "", mode="r"), url, "")
+    attrs, manifest = dict(pointer.get("attrs", {})), dict(pointer.get("arrays", {}))
     kind = attrs.get("dkern_model")
     if kind not in _MODELS:
         raise StoreError(
             f"{url!r} is not a dkern model store: expected the attribute 'dkern_model' (one of "
             f"{sorted(_MODELS)}) written by dkern.save; found {kind!r}, attributes "
-            f"{sorted(attrs)} and arrays {list_arrays(url)}. Open data arrays with "
+            f"{sorted(attrs)} and arrays {sorted(manifest)}. Open data arrays with "
             "dkern.io.open_array instead.")
     if attrs.get("format") != MODEL_FORMAT:
         raise StoreError(f"{url!r} holds a {kind} model of format {attrs.get('format')!r}; this "
@@ -414,7 +461,46 @@ def _model_attrs(url: str) -> dict[str, Any]:
         raise StoreError(f"{url!r} holds a {kind} model without the attributes {missing} that "
                          "dkern.save writes; the file was not written by dkern.save. Save the "
                          "model again.")
-    return attrs
+    _check_attr_types(url, attrs)
+    return attrs, manifest
+
+
+def _check_attr_types(url: str, attrs: dict[str, Any]) -> None:
+    """StoreError naming the attribute when one is not of the type ``save`` writes."""
+    kind, kernel = attrs["dkern_model"], attrs["kernel"]
+    fitted_kernel = attrs.get("fitted_kernel") or kernel  # the GPs store both
+    memory_based = kind in _toolbox_store.FITTED_NAMES  # their kernel may be a name: null
+    checks = {
+        "kernel_is_default": ("true or false", isinstance(attrs["kernel_is_default"], bool)),
+        "params": ("a JSON object", isinstance(attrs["params"], dict)),
+        "fitted": ("a JSON object", isinstance(attrs["fitted"], dict)),
+        "kernel": ("a kernel's repr (a string), null only for a default kernel",
+                   isinstance(kernel, str) or (kernel is None and (
+                       memory_based or attrs["kernel_is_default"] is True))),
+        "fitted_kernel": ("a kernel's repr (a string), or a list of them", memory_based
+                          or isinstance(fitted_kernel, str) or (isinstance(fitted_kernel, list)
+                          and all(isinstance(text, str) for text in fitted_kernel)))}
+    for key, (expected, ok) in checks.items():
+        if not ok:
+            found = attrs.get(key, kernel)
+            raise StoreError(f"{url!r}: the {kind} model's attribute {key!r} is {found!r} "
+                             f"({type(found).__name__}); dkern.load expected {expected}. The file "
+                             "was not written by dkern.save (or was edited after); save the model "
+                             "again.")
+    _check_params(url, kind, attrs["params"])
+
+
+def _check_params(url: str, kind: str, params: dict[str, Any]) -> None:
+    """StoreError when "params" names a parameter the model does not take."""
+    takes = set(_MODELS[kind]().get_params(deep=False))
+    if kind not in _toolbox_store.FITTED_NAMES:
+        takes.discard("kernel")  # stored in "kernel"
+    unknown = sorted(set(params) - takes)
+    if unknown:
+        raise StoreError(f"{url!r}: the {kind} model's 'params' name {unknown}, which {kind} does "
+                         f"not take (it takes {sorted(takes)}): the file holds another model's "
+                         "parameters, or was edited after dkern.save wrote it. Load it only as "
+                         "the model it was saved as; save the model again.")
 
 
 def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -432,7 +518,56 @@ def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
             f"({'unknown to' if unknown else 'missing, needed by'} dkern.load, which sets only "
             f"{sorted(known)}). The file was not written by dkern.save; save the "
             "model again.")
+    kinds = {**{name: "bool" for name in known if name.endswith("_lazy")}, **_FITTED_KINDS,
+             **(_gpc_store.FITTED_KINDS if attrs["dkern_model"] == "GaussianProcessClassifier"
+                else {})}
+    check_file_values(repr(url), "fitted", fitted, kinds)
     return dict(fitted)
+
+
+def _check_arrays(url: str, attrs: dict[str, Any], fitted: dict[str, Any],
+                  manifest: dict[str, dict[str, Any]]) -> None:
+    """Refuse, before any array is read, arrays whose claimed shapes the model's attributes
+    contradict (``StoreError``) or that this machine cannot hold (``MemoryLimitError``)."""
+    kind, where = attrs["dkern_model"], repr(url)
+    solvers = _SOLVERS.get(kind)
+    if solvers is not None and fitted["solver_"] not in solvers:
+        raise StoreError(f"{where}: the {kind} model's 'fitted' attribute 'solver_' is "
+                         f"{fitted['solver_']!r}; dkern.load knows {list(solvers)}. The file was "
+                         "not written by dkern.save (or was edited after); save the model again.")
+    d = fitted["n_features_in_"]
+    names = fitted.get("feature_names_in_", [None] * d)
+    if len(names) != d:
+        raise StoreError(f"{where}: the {kind} model has n_features_in_ = {d} but "
+                         f"{len(names)} feature_names_in_; they must match. The file was edited "
+                         "or damaged; save the model again.")
+    spec, known = _shapes(kind, attrs["params"], fitted)
+    check_stored_shapes(where, manifest, spec,
+                        {"d": (d, f"n_features_in_ = {d} in 'fitted'"), **known})
+    check_fits_in_memory(where, manifest, [name for name in spec
+                                           if not fitted.get(f"{name}_lazy", False)])
+
+
+def _shapes(kind: str, params: dict[str, Any], fitted: dict[str, Any]
+            ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[int, str]]]:
+    """The model's arrays as ``check_stored_shapes`` takes them: their dimensions by
+    symbol (``d`` is n_features_in_) and the symbols the attributes fix."""
+    if kind in _toolbox_store.FITTED_NAMES:
+        return _toolbox_store.shapes(kind, fitted)
+    if kind == "GaussianProcessClassifier":
+        return _gpc_store.shapes(fitted)
+    if kind == "KernelLogisticRegression":
+        return _klr_store.shapes(fitted)
+    solver, known = fitted["solver_"], {}
+    if solver == "nystrom" and params.get("n_centers") is not None:
+        known["m"] = (params["n_centers"], f"n_centers = {params['n_centers']} in 'params'")
+    if kind == "KernelRidge":
+        if solver != "exact":
+            known["r"] = (fitted["n_iter_"] + 1, f"n_iter_ + 1 = {fitted['n_iter_'] + 1}")
+        return _KRR_SHAPES[solver], known
+    t = len(fitted["y_train_mean"])
+    known["t"] = (t, f"{t} target mean(s) in y_train_mean")
+    return _GP_SHAPES[solver], known
 
 
 def _read(url: str, name: str, *, lazy: bool) -> Any:

@@ -1,0 +1,198 @@
+"""Hostile and extreme inputs to the models: forged model files are refused before any array
+is read, with the figures; values whose squares overflow float64 are refused naming the entry."""
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections import namedtuple
+
+import numpy as np
+import pytest
+
+import dkern
+from dkern import GaussianProcessRegressor, KernelLogisticRegression, KernelRidge
+from dkern.errors import MemoryLimitError, StoreError
+
+pytestmark = pytest.mark.usefixtures("sync_scheduler")
+
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(40, 3))
+Y = X[:, 0] + 0.1 * RNG.normal(size=40)
+
+
+def _saved(model, tmp_path):
+    url = str(tmp_path / "model.zarr")
+    dkern.save(model, url)
+    return url
+
+
+def _edit_pointer(url, change):
+    """Edit the store's pointer table as an adversary would: ``change(pointer)``, then the
+    pointer's checksum recomputed (sha256 of its canonical JSON, as dkern.io writes it)."""
+    path = os.path.join(url, "zarr.json")
+    with open(path) as f:
+        doc = json.load(f)
+    pointer = doc["attributes"]["dkern"]
+    change(pointer)
+    body = {key: value for key, value in pointer.items() if key != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    pointer["checksum"] = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def _claim_shape(url, name, shape, chunks):
+    """Make the array ``name`` claim ``shape`` in ``chunks``: its zarr.json and its manifest
+    entry (shape, chunks, chunk count, metadata digest) edited consistently."""
+    def change(pointer):
+        entry = pointer["arrays"][name]
+        meta_path = os.path.join(url, entry["path"], "zarr.json")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"] = shape, chunks
+        raw = json.dumps(meta).encode()
+        with open(meta_path, "wb") as f:
+            f.write(raw)
+        grid = [-(-size // chunk) for size, chunk in zip(shape, chunks, strict=True)]
+        entry.update(shape=shape, chunks=chunks, n_chunks=int(np.prod(grid)),
+                     meta="sha256:" + hashlib.sha256(raw).hexdigest())
+    _edit_pointer(url, change)
+
+
+def _edit_attrs(url, **changes):
+    """Replace the model attributes ``changes`` (``fitted={...}`` replaces the whole dict)."""
+    _edit_pointer(url, lambda pointer: pointer["attrs"].update(changes))
+
+
+Load = namedtuple("Load", "output seconds peak_mib")
+
+
+def _load_in_subprocess(url, timeout):
+    """``dkern.load(url)`` in a fresh process: what it raised, its time and peak memory."""
+    code = textwrap.dedent(f"""
+        import resource, time, dkern
+        start = time.perf_counter()
+        try:
+            dkern.load({url!r})
+            outcome = "loaded"
+        except Exception as err:
+            outcome = f"{{type(err).__name__}}: {{err}}"
+        seconds = time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"{{seconds:.3f}} {{peak:.0f}} {{outcome}}")
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"dkern.load of the forged store ran past {timeout} s")
+    seconds, peak, output = done.stdout.strip().split(" ", 2)
+    return Load(output, float(seconds), float(peak))
+
+
+def test_centers_claiming_a_million_rows_are_refused_at_once(tmp_path, record_figures):
+    """Issue: a 7.5 KB store claiming 1e6 one-row chunks took 166 s and 4.6 GB to fail."""
+    url = _saved(KernelRidge(solver="nystrom", n_centers=20, random_state=0).fit(X, Y), tmp_path)
+    _claim_shape(url, "centers", [1_000_000, 3], [1, 3])
+    load = _load_in_subprocess(url, timeout=60)
+    assert load.output.startswith(
+        f"StoreError: {url!r}: array 'centers' claims shape (1000000, 3), but the model needs "
+        "shape (m, d) with m = 20 (n_centers = 20 in 'params'); found m = 1000000."), load
+    assert load.seconds < 2 and load.peak_mib < 1024, load  # before: 166 s, 4.6 GB
+    record_figures("forged_model_store", refused_in_s=load.seconds, peak_rss_mib=load.peak_mib)
+
+
+@pytest.mark.parametrize("name, shape, message", [
+    ("dual_coef", [39], r"array 'dual_coef' claims shape \(39,\), but the model needs shape "
+                        r"\(n, t\?\) with n = 40 \(X_fit.shape\[0\] = 40\); found n = 39"),
+    ("X_fit", [40, 4], r"array 'X_fit' claims shape \(40, 4\), but the model needs shape "
+                       r"\(n, d\) with d = 3 \(n_features_in_ = 3 in 'fitted'\); found d = 4"),
+    ("X_fit", [40], r"array 'X_fit' claims shape \[40\] and dtype 'float64', but the model "
+                    r"needs a numeric array of shape \(n, d\)"),
+])
+def test_arrays_that_contradict_the_model_are_refused_naming_both(tmp_path, name, shape, message):
+    url = _saved(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    _claim_shape(url, name, shape, shape)
+    with pytest.raises(StoreError, match=message):
+        dkern.load(url)
+
+
+def test_a_model_larger_than_free_memory_is_refused_with_the_sizes(tmp_path, monkeypatch):
+    url = _saved(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    free = namedtuple("Memory", "available")(1000)
+    monkeypatch.setattr("psutil.virtual_memory", lambda: free)
+    with pytest.raises(MemoryLimitError, match=r"loading this model needs 1.19e-06 GiB in memory "
+                       r"\(X_fit 8.94e-07 GiB, dual_coef 2.98e-07 GiB\), more than the 9.31e-07 "
+                       r"GiB available on this machine. Load it on a machine with more free"):
+        dkern.load(url)
+
+
+def test_a_non_string_kernel_is_refused_naming_the_attribute(tmp_path):
+    """Issue: it gave ``compile() arg 1 must be a string``."""
+    url = _saved(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    _edit_attrs(url, kernel=5)
+    with pytest.raises(StoreError, match=r"the KernelRidge model's attribute 'kernel' is 5 "
+                                         r"\(int\); dkern.load expected a kernel's repr"):
+        dkern.load(url)
+
+
+def test_a_ridge_file_relabelled_gp_is_refused_naming_the_parameters(tmp_path):
+    """Issue: it gave ``unexpected keyword argument 'centers'``."""
+    url = _saved(KernelRidge(solver="nystrom", n_centers=20, random_state=0).fit(X, Y), tmp_path)
+    _edit_attrs(url, dkern_model="GaussianProcessRegressor")
+    with pytest.raises(StoreError, match=r"the GaussianProcessRegressor model's 'params' name "
+                                         r"\['centers', 'max_iter'\], "
+                                         r"which GaussianProcessRegressor does not take"):
+        dkern.load(url)
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("n_features_in_", "3", "an integer >= 1"),
+    ("converged_", 1, "true or false"),
+    ("solver_", ["exact"], "a string"),
+])
+def test_fitted_values_of_the_wrong_type_are_refused(tmp_path, name, value, expected):
+    """Issue: ``n_features_in_`` stored as "4" gave "X has 4 features, but … expecting 4"."""
+    model = KernelRidge(solver="exact").fit(X, Y)
+    url = _saved(model, tmp_path)
+    _edit_attrs(url, fitted={**dkern.io.read_attrs(url)["fitted"], name: value})
+    with pytest.raises(StoreError, match=re.escape(
+            f"the model's 'fitted' attribute '{name}' is {value!r} ({type(value).__name__}); "
+            f"dkern.load expected {expected}. The file")):
+        dkern.load(url)
+
+
+BIG_X = X.copy()
+BIG_X[5, 1] = 1e300
+BIG_Y = Y.copy()
+BIG_Y[7] = 1e308
+X_MESSAGE = r"X\[5, 1\] = 1e\+300 is too large: .* above 3.87e\+153 .* Rescale X"
+Y_MESSAGE = r"y\[7\] = 1e\+308 is too large: .* above 1.06e\+153 .* Rescale y"
+
+
+@pytest.mark.parametrize("fit, message", [  # what each raised before
+    (lambda: KernelRidge(solver="cg").fit(BIG_X, Y), X_MESSAGE),  # Eigenvalues did not converge
+    (lambda: KernelRidge(solver="cg").fit(X, BIG_Y), Y_MESSAGE),  # CG: rho is inf
+    (lambda: KernelRidge(solver="nystrom", n_centers=10).fit(X, BIG_Y),
+     Y_MESSAGE),  # array must not contain infs or NaNs
+    (lambda: KernelRidge(solver="exact").fit(X, Y).predict(BIG_X), X_MESSAGE),  # NaN predictions
+    (lambda: GaussianProcessRegressor(solver="exact").fit(X, BIG_Y),
+     Y_MESSAGE),  # NotPositiveDefiniteError
+    (lambda: KernelLogisticRegression().fit(BIG_X, Y > 0),
+     X_MESSAGE),  # tol must be a finite number > 0; got nan
+])
+def test_values_whose_squares_overflow_are_refused_naming_the_entry(fit, message):
+    with pytest.raises(ValueError, match=message):
+        fit()
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg", "nystrom"])
+def test_large_targets_below_the_bound_still_fit(solver):
+    model = KernelRidge(solver=solver, n_centers=10 if solver == "nystrom" else None).fit(
+        X, Y * 1e150)
+    assert np.all(np.isfinite(model.predict(X)))
