@@ -9,14 +9,17 @@ prints nothing but errors. Exit codes: 0 done, 1 a failure dkern diagnosed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -328,7 +331,10 @@ class _client:
             # Worker logs would repeat a task's error as a traceback before the message
             # main() prints; -v shows them.
             "silence_logs": logging.WARNING if self.args.verbose else logging.CRITICAL}
-        self.client = connect(self.args.scheduler, **kwargs)
+        if not self.args.verbose:  # a Ctrl-C'd gather logs "Task exception was never retrieved"
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        with _ctrl_c_ignored_by_new_processes():
+            self.client = connect(self.args.scheduler, **kwargs)
         return self.client
 
     def __exit__(self, *exc: object) -> None:
@@ -336,6 +342,26 @@ class _client:
         self.client.close()
         if cluster is not None:
             cluster.close()
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored_by_new_processes() -> Iterator[None]:
+    """Ignore SIGINT while the embedded cluster starts, so its worker processes ignore it.
+
+    Ctrl-C in a terminal signals the whole process group, and each worker would print
+    a KeyboardInterrupt traceback; they stop when the command closes the cluster. An
+    ignored signal stays ignored across ``exec``, and Python then installs no handler.
+    The cost: a Ctrl-C during the cluster's start (seconds) is lost, and a worker that
+    the nanny restarts later does not inherit this.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _positive_int(text: str) -> int:
@@ -472,6 +498,24 @@ def _print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
 
 
+#: The store each command writes (the attribute of its flag), named after a Ctrl-C.
+_WRITTEN_STORE = {"make-data": "out", "fit": "model", "predict": "data", "demo": "store"}
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """The one line printed after a Ctrl-C: what state the written store is in."""
+    message = f"dkern {args.command}: interrupted"
+    store = getattr(args, _WRITTEN_STORE.get(args.command, ""), None)
+    if store is None:  # demo without --store: its temporary folder was removed
+        return message
+    message += (f"; writes are published atomically, so {store!r} holds no half-written "
+                f"array (`dkern fsck {store} --clean` removes the interrupted write's "
+                "leftovers)")
+    if getattr(args, "checkpoint", None) is not None:
+        message += "; run the same command again to resume from its last checkpoint"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``dkern`` command; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -485,6 +529,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(err).replace("overwrite=True", "--overwrite")
         print(f"dkern {args.command}: error: {message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(_interrupted(args), file=sys.stderr)
+        return 130  # 128 + SIGINT, as shells report a command ended by Ctrl-C
     except KilledWorker as err:
         print(f"dkern {args.command}: error: a Dask worker died while running a task ({err}); "
               "the usual cause is a worker out of memory. Give the workers more memory "

@@ -4,9 +4,11 @@ Ctrl-C and bad arguments end in one line, not a traceback."""
 import hashlib
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,42 @@ def test_a_private_cache_is_made_private_records_the_hash_and_loads(tmp_path):
     assert status.startswith("compiled") and "compiled to" not in log
     assert {path.name: path.stat().st_mtime_ns for path in cache.iterdir()} == \
         {name: info.st_mtime_ns for name, info in files.items()}
+
+
+def test_ctrl_c_is_one_line_exit_130_and_stops_the_workers(tmp_path):
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group, the embedded
+    cluster's workers included, once the demo has started writing its store."""
+    store = tmp_path / "demo.zarr"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dkern", "demo", "--store", str(store), "--workers", "1"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not store.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process.poll() is None, "the demo ended before it could be interrupted"
+        time.sleep(1.0)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and len(err.splitlines()) <= 3, err
+    assert err.startswith(f"dkern demo: interrupted; writes are published atomically, so "
+                          f"'{store}' holds no half-written array"), err
+    assert out == ""
+    deadline = time.monotonic() + 30  # closing the cluster stopped every worker process
+    while _group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(process.pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
