@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -294,7 +295,7 @@ def _add_fsck_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     fsck.add_argument("--clean", action="store_true",
                       help="remove the leftovers listed as would_remove (never published "
                            "data; nothing when damage is found)")
-    fsck.add_argument("--min-age", type=float, default=None,
+    fsck.add_argument("--min-age", type=_nonnegative_float, default=None,
                       help="keep leftovers younger than this many seconds (default: 10 on "
                            "local disk, where live writers are also protected by a lease; "
                            "86400 on fsspec stores)")
@@ -310,7 +311,7 @@ def _add_store_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                             "leftovers no pointer uses")
     store.add_argument("url", help="store path or fsspec URL")
     store.add_argument("--group", default="", help="only this group (and those below it)")
-    store.add_argument("--min-age", type=float, default=None,
+    store.add_argument("--min-age", type=_nonnegative_float, default=None,
                        help="clean: keep leftovers younger than this many seconds (default: "
                             "10 on local disk, where live writers are also protected by a "
                             "lease; 86400 on fsspec stores)")
@@ -371,6 +372,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text}")
+    return value
+
+
 def _solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
                       alpha_help: str = "ridge penalty, (K + alpha I)") -> None:
     """--alpha, --tol and --backend, added to each command that solves. Each parser gets
@@ -406,7 +414,8 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--n-test", type=int, default=0, help="test rows (X_test, y_test)")
     make.add_argument("--chunk-rows", type=_positive_int, default=100_000)
     make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--noise", type=float, default=0.1)
+    make.add_argument("--noise", type=_nonnegative_float, default=0.1,
+                      help="standard deviation of the Gaussian noise added to y")
     make.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     make.add_argument("--overwrite", action="store_true", help="replace arrays already there")
     make.set_defaults(run=_make_data)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dkern import cli
 from dkern.kernels import fastexp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,3 +190,23 @@ def _group_alive(pgid: int) -> bool:
         return False
     return True
 
+
+@pytest.mark.parametrize("argv, message", [
+    (["make-data", "--out", "{tmp}/d.zarr", "--n", "10", "--d", "2", "--noise", "nan"],
+     "argument --noise: must be a finite number >= 0; got nan"),
+    (["make-data", "--out", "{tmp}/d.zarr", "--n", "10", "--d", "2", "--noise", "-0.1"],
+     "argument --noise: must be a finite number >= 0; got -0.1"),
+    (["fsck", "{tmp}/d.zarr", "--min-age", "-1"],
+     "argument --min-age: must be a finite number >= 0; got -1"),
+    (["store", "clean", "{tmp}/d.zarr", "--min-age", "inf"],
+     "argument --min-age: must be a finite number >= 0; got inf"),
+])
+def test_numbers_out_of_range_are_usage_errors(capsys, tmp_path, argv, message):
+    """A NaN noise used to write a store of NaN targets (exit 0); a negative --min-age was
+    taken as is. Both are now refused before any work, with exit 2."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([arg.format(tmp=tmp_path) for arg in argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(message) and "Traceback" not in err
+    assert not (tmp_path / "d.zarr").exists()
