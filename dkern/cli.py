@@ -9,14 +9,18 @@ prints nothing but errors. Exit codes: 0 done, 1 a failure dkern diagnosed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
 import os
 import platform
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -292,7 +296,7 @@ def _add_fsck_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     fsck.add_argument("--clean", action="store_true",
                       help="remove the leftovers listed as would_remove (never published "
                            "data; nothing when damage is found)")
-    fsck.add_argument("--min-age", type=float, default=None,
+    fsck.add_argument("--min-age", type=_nonnegative_float, default=None,
                       help="keep leftovers younger than this many seconds (default: 10 on "
                            "local disk, where live writers are also protected by a lease; "
                            "86400 on fsspec stores)")
@@ -308,7 +312,7 @@ def _add_store_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                             "leftovers no pointer uses")
     store.add_argument("url", help="store path or fsspec URL")
     store.add_argument("--group", default="", help="only this group (and those below it)")
-    store.add_argument("--min-age", type=float, default=None,
+    store.add_argument("--min-age", type=_nonnegative_float, default=None,
                        help="clean: keep leftovers younger than this many seconds (default: "
                             "10 on local disk, where live writers are also protected by a "
                             "lease; 86400 on fsspec stores)")
@@ -329,7 +333,10 @@ class _client:
             # Worker logs would repeat a task's error as a traceback before the message
             # main() prints; -v shows them.
             "silence_logs": logging.WARNING if self.args.verbose else logging.CRITICAL}
-        self.client = connect(self.args.scheduler, **kwargs)
+        if not self.args.verbose:  # a Ctrl-C'd gather logs "Task exception was never retrieved"
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        with _ctrl_c_ignored_by_new_processes():
+            self.client = connect(self.args.scheduler, **kwargs)
         return self.client
 
     def __exit__(self, *exc: object) -> None:
@@ -339,10 +346,37 @@ class _client:
             cluster.close()
 
 
+@contextlib.contextmanager
+def _ctrl_c_ignored_by_new_processes() -> Iterator[None]:
+    """Ignore SIGINT while the embedded cluster starts, so its worker processes ignore it.
+
+    Ctrl-C in a terminal signals the whole process group, and each worker would print
+    a KeyboardInterrupt traceback; they stop when the command closes the cluster. An
+    ignored signal stays ignored across ``exec``, and Python then installs no handler.
+    The cost: a Ctrl-C during the cluster's start (seconds) is lost, and a worker that
+    the nanny restarts later does not inherit this.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer; got {text}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text}")
     return value
 
 
@@ -381,7 +415,8 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--n-test", type=int, default=0, help="test rows (X_test, y_test)")
     make.add_argument("--chunk-rows", type=_positive_int, default=100_000)
     make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--noise", type=float, default=0.1)
+    make.add_argument("--noise", type=_nonnegative_float, default=0.1,
+                      help="standard deviation of the Gaussian noise added to y")
     make.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     make.add_argument("--overwrite", action="store_true", help="replace arrays already there")
     make.set_defaults(run=_make_data)
@@ -473,6 +508,24 @@ def _print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
 
 
+#: The store each command writes (the attribute of its flag), named after a Ctrl-C.
+_WRITTEN_STORE = {"make-data": "out", "fit": "model", "predict": "data", "demo": "store"}
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """The one line printed after a Ctrl-C: what state the written store is in."""
+    message = f"dkern {args.command}: interrupted"
+    store = getattr(args, _WRITTEN_STORE.get(args.command, ""), None)
+    if store is None:  # demo without --store: its temporary folder was removed
+        return message
+    message += (f"; writes are published atomically, so {store!r} holds no half-written "
+                f"array (`dkern fsck {store} --clean` removes the interrupted write's "
+                "leftovers)")
+    if getattr(args, "checkpoint", None) is not None:
+        message += "; run the same command again to resume from its last checkpoint"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``dkern`` command; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -486,6 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(err).replace("overwrite=True", "--overwrite")
         print(f"dkern {args.command}: error: {message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(_interrupted(args), file=sys.stderr)
+        return 130  # 128 + SIGINT, as shells report a command ended by Ctrl-C
     except KilledWorker as err:
         print(f"dkern {args.command}: error: a Dask worker died while running a task ({err}); "
               "the usual cause is a worker out of memory. Give the workers more memory "
