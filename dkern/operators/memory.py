@@ -9,23 +9,24 @@ submitted, with the estimate, the limit and the fix in the message.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import dask.array as da
-import dask.base
 import psutil
 
 from ..errors import MemoryLimitError
+from ..runtime.resources import (
+    ADVICE_MARGIN,
+    TASK_FRACTION,  # noqa: F401  (its home before resources.py)
+    TaskBudget,
+    scheduler_workers,
+)
+from ..runtime.resources import task_budget as _task_budget
 
 logger = logging.getLogger(__name__)
 
 #: Share of the workers' memory that persisted blocks may take: dask's workers spill at
 #: 60% of their limit and pause at 80%, and the tasks of a pass need room of their own.
 PERSIST_FRACTION = 0.3
-#: Share of a worker's memory limit that the tasks it runs side by side may take: the rest
-#: is the worker process itself (~150 MB of code), data waiting between tasks, and the
-#: margin to the nanny's terminate threshold (95% of the limit).
-TASK_FRACTION = 0.5
 #: Peak bytes of a task reading a stored row chunk, per byte of the chunk: zarr holds the
 #: compressed bytes, the decoded chunk and the array it returns at once (the measured peak
 #: of a pass over a one-chunk store is in benchmarks/reliability/memory_4x.json).
@@ -33,9 +34,9 @@ READ_FACTOR = 3
 #: What a block function adds to its inputs: up to three 4 MiB kernel tiles
 #: (:mod:`dkern.backends.numpy_backend`).
 TILE_OVERHEAD = 3 * 4 * 2**20
-#: Tasks up to this estimate are not checked (no round trip to the scheduler): a worker
-#: process alone takes ~150 MB, so no worker that can run dkern gives a task less.
-UNCHECKED_TASK_BYTES = 64 * 2**20
+#: Tasks up to this estimate are not checked (no round trip to the scheduler): it is little
+#: more than a block function's tiles, the least any task of a pass takes.
+UNCHECKED_TASK_BYTES = 16 * 2**20
 
 
 def persist_budget() -> int:
@@ -56,23 +57,18 @@ def persist_budget() -> int:
     return int(PERSIST_FRACTION * min(limits) * len(limits))
 
 
-def task_budget() -> tuple[int, int, int] | None:
+def task_budget() -> TaskBudget | None:
     """What one task may take on the tightest worker of the current ``distributed`` client.
 
     Returns
     -------
-    (budget, memory_limit, nthreads) or None
-        ``budget = TASK_FRACTION · memory_limit / nthreads`` for the worker where it is
-        smallest; None on dask's local schedulers or when no worker has a memory limit.
+    dkern.runtime.resources.TaskBudget or None
+        ``min(TASK_FRACTION · limit, PAUSE_FRACTION · limit − used) / nthreads`` for the
+        worker where it is smallest, ``used`` being the worker process's measured memory
+        (not an assumed figure); None on dask's local schedulers or when no worker has a
+        memory limit.
     """
-    workers = _workers()
-    shares = [(TASK_FRACTION * w["memory_limit"] / max(1, w.get("nthreads") or 1),
-               int(w["memory_limit"]), max(1, w.get("nthreads") or 1))
-              for w in workers or () if w.get("memory_limit")]
-    if not shares:
-        return None
-    budget, limit, nthreads = min(shares)
-    return int(budget), limit, nthreads
+    return _task_budget(_workers())
 
 
 def row_task_bytes(X: da.Array, per_row: int = 0) -> int:
@@ -99,7 +95,7 @@ def fits_in_task(X: da.Array, per_row: int = 0) -> bool:
     """Whether :func:`row_task_bytes` is within :func:`task_budget` (True without limits)."""
     need = row_task_bytes(X, per_row)
     budget = task_budget() if need > UNCHECKED_TASK_BYTES else None
-    return budget is None or need <= budget[0]
+    return budget is None or need <= budget.budget
 
 
 def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
@@ -123,30 +119,26 @@ def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
     """
     need = row_task_bytes(X, per_row)
     budget = task_budget() if need > UNCHECKED_TASK_BYTES else None
-    if budget is None or need <= budget[0]:
+    if budget is None or need <= budget.budget:
         return
-    share, limit, nthreads = budget
     rows = max(X.chunks[0])
-    fit = max(1, int(rows * (share - TILE_OVERHEAD) / (need - TILE_OVERHEAD)))
+    per_chunk_row = (need - TILE_OVERHEAD) / rows
+    fit = int((ADVICE_MARGIN * budget.budget - TILE_OVERHEAD) / per_chunk_row)
     extra = f", and {per_row} float64 values per row computed from them" if per_row else ""
+    what = (f"{name}'s row chunks of up to {rows} rows ({X.shape[1] if X.ndim > 1 else 1} "
+            f"{X.dtype} values each{extra}) need about {need / 1e6:.0f} MB per task, over the "
+            f"{budget.budget / 1e6:.0f} MB a task may take on the workers "
+            f"({budget.describe()}). Nothing was submitted.")
+    if fit < 1:
+        least = budget.limit_for(TILE_OVERHEAD + 1024 * per_chunk_row)
+        raise MemoryLimitError(
+            f"{what} No row chunking fits: give the workers a memory_limit of at least "
+            f"{least / 1e6:.0f} MB (for chunks of 1,024 rows), or fewer threads each.")
     raise MemoryLimitError(
-        f"{name}'s row chunks of up to {rows} rows ({X.shape[1] if X.ndim > 1 else 1} "
-        f"{X.dtype} values each{extra}) need about {need / 1e6:.0f} MB per task, over the "
-        f"{share / 1e6:.0f} MB a task may take on the workers (memory_limit "
-        f"{limit / 1e6:.0f} MB, {nthreads} thread(s); dkern allows {TASK_FRACTION:.0%} of "
-        f"it per thread). Nothing was submitted. Use row chunks of at most {fit} rows: "
-        f"{name}.rechunk({{0: {fit}}}) for a dask array, or, since a Zarr chunk is read "
-        f"whole, rewrite the store with dkern.io.write_array(..., chunk_rows={fit}); or give "
-        "the workers more memory.")
+        f"{what} Use row chunks of at most {fit} rows: {name}.rechunk({{0: {fit}}}) for a "
+        f"dask array, or, since a Zarr chunk is read whole, rewrite the store with "
+        f"dkern.io.write_array(..., chunk_rows={fit}); or give the workers more memory "
+        f"(a memory_limit of {budget.limit_for(need) / 1e6:.0f} MB fits these chunks).")
 
 
-def _workers() -> list[dict[str, Any]] | None:
-    """The current ``distributed`` scheduler's worker records; None for local schedulers."""
-    client = getattr(dask.base.get_scheduler(), "__self__", None)
-    info = getattr(client, "scheduler_info", None)
-    if info is None:
-        return None
-    try:
-        return list(info(n_workers=-1)["workers"].values())  # some versions list only a few
-    except TypeError:  # versions without n_workers list them all
-        return list(info()["workers"].values())
+_workers = scheduler_workers

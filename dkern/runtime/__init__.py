@@ -13,15 +13,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
+from dask.utils import parse_timedelta
 from distributed import Client, LocalCluster
 
 from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
 from .checks import SAFE_DESERIALIZERS, ClusterVersionError
 from .config import WORKER_CONFIG, worker_config
+from .probe import NotASchedulerError, probe_scheduler
 from .watch import PauseWatch, WorkersPausedWarning
 
 __all__ = ["SCHEDULER_ENV", "WORKER_CONFIG", "WORKER_MALLOC_ENV", "ClusterVersionError",
-           "WorkersPausedWarning", "connect"]
+           "NotASchedulerError", "WorkersPausedWarning", "connect"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,10 @@ def connect(address: str | None = None, *, check_versions: bool = True,
         ``address`` is not a scheduler address.
     ConnectionError
         No scheduler answers at ``address`` (within distributed's connect timeout).
+        ``NotASchedulerError``, a ``ConnectionError``: something else listens there (an
+        HTTP server such as the dashboard, a silent TCP server); the message says what
+        answered. Raised within the connect timeout plus ``probe.SILENCE_SECONDS`` (10 s),
+        about 2 s for an HTTP server.
     ClusterVersionError
         With ``check_versions``: the versions differ (the client is closed).
     """
@@ -143,12 +149,23 @@ def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any
                          f"'tcp://host:8786'; got {address!r}.")
     kwargs.setdefault("deserializers", deserializers)
     try:
+        # distributed waits without end on a port that is not a scheduler's (probe.py)
+        probe_scheduler(address, _connect_timeout(kwargs))
         return Client(address, **kwargs)
+    except NotASchedulerError:
+        raise
     except OSError as err:
         raise ConnectionError(
             f"could not reach the Dask scheduler at {address!r}: {err}. Start it (see "
             f"cluster/README.md) or check the address; with no address (and "
             f"${SCHEDULER_ENV} unset) dkern starts an embedded LocalCluster.") from err
+
+
+def _connect_timeout(kwargs: dict[str, Any]) -> float:
+    """Seconds ``Client(address, **kwargs)`` allows to connect: its ``timeout``, else
+    distributed's ``comm.timeouts.connect``."""
+    timeout = kwargs.get("timeout") or dask.config.get("distributed.comm.timeouts.connect")
+    return float(parse_timedelta(timeout, default="seconds"))
 
 
 def _close(client: Client) -> None:
