@@ -413,7 +413,9 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--n", type=_positive_int, required=True, help="training rows")
     make.add_argument("--d", type=_positive_int, required=True, help="features")
     make.add_argument("--n-test", type=int, default=0, help="test rows (X_test, y_test)")
-    make.add_argument("--chunk-rows", type=_positive_int, default=100_000)
+    make.add_argument("--chunk-rows", type=_positive_int, default=None,
+                      help="rows per chunk (default: 100,000, fewer when the workers' measured "
+                           "free memory needs it)")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--noise", type=_nonnegative_float, default=0.1,
                       help="standard deviation of the Gaussian noise added to y")
