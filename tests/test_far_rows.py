@@ -204,11 +204,13 @@ def test_exact_kernel_ridge_with_one_far_training_row(far):
     np.testing.assert_allclose(model.predict(Z), want, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("where", ["x", "both"])
 @pytest.mark.parametrize("far", [1e9, 1e12])
-def test_kde_and_nadaraya_watson_with_one_far_training_row(far):
-    """Bandwidth 0.5: a power of two, so dividing by it rounds nothing."""
-    X, Q = layout(far, "x")
-    h = 0.5
+def test_kde_and_nadaraya_watson_with_one_far_training_row(far, where):
+    """Bandwidth 0.35: dividing the rows by it first would round a far row to its own
+    magnitude (2.9e-8 off at 1e9, 1.7e-4 at 1e12, with a query row near it)."""
+    X, Q = layout(far, where)
+    h = 0.35
     L = -0.5 * r_direct(Q, X, h) ** 2
     log_density = logsumexp(L, axis=1) - np.log(len(X)) - 1.5 * np.log(2 * np.pi) - 3 * np.log(h)
     got = dkern.KernelDensity(bandwidth=h).fit(X).score_samples(Q)
