@@ -115,6 +115,7 @@ class Stationary(Kernel):
         of the kernels that take a square root.
         """
         dtype = np.result_type(X.dtype, Z.dtype, np.float32)
+        square = X is Z  # k(X): its diagonal pairs are x with itself
         X, Z = X.astype(dtype, copy=False), Z.astype(dtype, copy=False)
         ell = self._lengthscale(X)
         centre = _robust_centre(Z)
@@ -123,6 +124,8 @@ class Stationary(Kernel):
         hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
         ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)
         G = np.hstack([Xs, -hx[:, None], ones_x]) @ np.hstack([Zs, ones_z, -hz[:, None]]).T
+        if square:  # exactly 0, as diag() says, not 0 within ε h
+            np.fill_diagonal(G, 0.0)
         # Rounding can leave values of order eps·h above 0. Clamping would cost a pass over
         # the tile: exp takes them to 1 + O(eps), and exact_near recomputes them exactly.
         near, floor = (NEAR, 0.0) if exact_near else (EXP_NEAR, 1.0)
