@@ -8,11 +8,10 @@ near the same far place, and every kernel, backend and model is checked against
 direct differences ``x - z`` (numpy, scipy's cdist, scikit-learn's GP, which uses cdist).
 """
 
-import dask
 import numpy as np
 import pytest
-from scipy.special import logsumexp
 from scipy.spatial.distance import cdist
+from scipy.special import logsumexp
 
 import dkern
 from dkern import kernels as K
@@ -43,7 +42,8 @@ def r_direct(A, B, ell=1.0):
 
 def matern(nu, ell):
     a = np.sqrt(2 * nu)
-    poly = {0.5: lambda r: 1, 1.5: lambda r: 1 + a * r, 2.5: lambda r: 1 + a * r + a * a * r * r / 3}
+    poly = {0.5: lambda r: 1, 1.5: lambda r: 1 + a * r,
+            2.5: lambda r: 1 + a * r + a * a * r * r / 3}
     return lambda A, B: poly[nu](r_direct(A, B, ell)) * np.exp(-a * r_direct(A, B, ell))
 
 
