@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Gaussian, Kernel, fastexp
+from ..kernels.stationary import Stationary
 from .numpy_backend import default_tile, single_threaded_blas
 
 __all__ = ["log_weights", "merge_log_sums", "weighted_log_sums_block"]
@@ -75,8 +76,14 @@ def weighted_log_sums_block(x: np.ndarray, z: np.ndarray, t: np.ndarray | None =
     -------
     ndarray of shape (n, 2 + T), float64
     """
-    x = np.asarray(x, dtype=np.float64) / scale
-    z = np.asarray(z, dtype=np.float64) / scale
+    x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
+    if box_width is not None:  # the scale goes where no row is divided: x / h rounds a far
+        box_width = box_width * scale  # row to its own magnitude, losing a small difference
+    elif isinstance(kernel, Stationary):
+        params = kernel.get_params(deep=False)
+        kernel = type(kernel)(**{**params, "lengthscale": np.asarray(kernel.lengthscale) * scale})
+    else:
+        x, z = x / scale, z / scale
     ones = np.ones((len(z), 1))
     values = ones if t is None else np.hstack([ones, np.asarray(t, dtype=np.float64)])
     out = np.full((len(x), 1 + values.shape[1]), [-np.inf] + [0.0] * values.shape[1])

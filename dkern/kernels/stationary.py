@@ -1,14 +1,30 @@
 """Stationary kernels ``k(x, x') = g(||x - x'|| / lengthscale)``.
 
-The dense block uses one matrix product per block: with ``s = x / l`` and
+The dense block uses one matrix product per block: with ``s = (x - c) / l`` and
 ``h = ||s||² / 2`` the augmented rows ``[s, -h_x, 1]`` and ``[s, 1, -h_z]`` have
-inner product ``s_x·s_z - h_x - h_z = -||s_x - s_z||² / 2``, so BLAS returns the
+inner product ``s_x·s_z - h_x - h_z = -||s_x - s_z||² / 2 = G``, so BLAS returns the
 (halved, negated) squared distances directly and only the elementwise ``g``
-remains. Both operands are first shifted by the mean of Z: distances do not
-change, and the cancellation in ``h_x + h_z - s_x·s_z`` shrinks with the norms.
-The kernels that take a square root (Laplacian, Matérn) turn that cancellation
-error ``δ`` into ``√δ`` near ``r = 0``, so for them the few pairs closer than a
-small fraction of the norms are recomputed directly from the differences.
+remains. That expanded form rounds with an error of about ``ε (h_x + h_z)``: small
+next to ``|G|`` for most pairs, but catastrophic for two rows close to each other and
+far from the centre ``c`` (``x = 1e9 + 0.3``, ``z = 1e9 + 0.1`` with ``c = 0``: every
+digit of ``G = -0.02`` lost). Two measures keep every value accurate to its own
+scale, whatever else the tile holds:
+
+* ``c`` is a coordinatewise median of Z's rows, not their mean: one far row cannot move it,
+  so the bulk of the rows keeps small norms (and ``x - c`` is exact for rows near c).
+* The pairs where the rounding bound is not small next to the value itself,
+  ``h_x + h_z > max(|G|, floor) / near``, are recomputed from the differences of the
+  uncentred rows, ``((x - z) / l)²`` summed (never from centred rows, which lost the
+  digits of a far row when the centre was subtracted). The exponential kernels take
+  ``floor = 1``, ``near = EXP_NEAR``: an error ``δ`` in G moves ``e^G`` by ``e^G δ``, so
+  only ``|G|`` up to about 1 needs its relative accuracy; on ordinary data no row
+  reaches ``h > 1 / EXP_NEAR`` and the check costs two passes over n + m numbers, not
+  over the tile. The kernels that take a square root (Laplacian, Matérn) turn ``δ``
+  into ``√δ`` near ``r = 0``, so they take ``floor = 0``, ``near = NEAR``: every pair
+  closer than a small fraction of its own norms is recomputed.
+
+With a far row in the tile only the few pairs near it are recomputed; the rest keep
+the matrix product's speed.
 """
 
 from __future__ import annotations
@@ -22,10 +38,17 @@ from . import fastexp
 from .base import DEFAULT_BOUNDS, Array, Kernel, as_pair, check_bounds, check_positive_params
 
 _MATERN_NUS = (0.5, 1.5, 2.5)
-#: Pairs with ``r² < NEAR * (h_x + h_z)`` get exact distances in the root-taking kernels:
+#: Pairs with ``|G| < NEAR * (h_x + h_z)`` get exact distances in the root-taking kernels:
 #: there the rounding error of the expanded form, amplified by the square root, would
-#: exceed ~1e-13.
+#: exceed ~1e-12 relative in ``r``.
 NEAR = 1e-4
+#: Pairs with ``max(|G|, 1) < EXP_NEAR * (h_x + h_z)`` get exact values in the kernels that
+#: exponentiate G (Gaussian, and the log weights of kernel smoothing): elsewhere the
+#: expanded form's error ``≈ ε (h_x + h_z)`` moves ``e^G`` by less than ~1e-13 absolute.
+EXP_NEAR = 1e-3
+#: Rows of Z whose median is the centre (a sample: the median of 2048 rows costs a third
+#: of a tile's exponentials).
+CENTRE_SAMPLE = 64
 
 
 class Stationary(Kernel):
@@ -56,12 +79,14 @@ class Stationary(Kernel):
         p = len(self.hyperparameter_names)
         if diag:  # k(x, x) = g(0) = 1 whatever the lengthscale
             return np.ones(len(X)), np.zeros((len(X), p))
-        Xs, Zs = self._scale(X), self._scale(Z)
+        ell = self._lengthscale(X)
+        # differences first, then the lengthscale: scaling first rounds a far row's
+        # coordinates to its own magnitude, losing the digits of a small difference
         if p > 1:  # ARD: the scaled squared differences per feature, shape (n, m, d)
-            S = np.square(Xs[:, None, :] - Zs[None, :, :])
+            S = np.square((X[:, None, :] - Z[None, :, :]) / ell)
             r2 = S.sum(axis=2)
         else:  # differences, not the expanded form: its cancellation would be amplified here
-            r2 = cdist(Xs, Zs, "sqeuclidean")
+            r2 = cdist(X, Z, "sqeuclidean") / np.square(ell)
             S = r2[:, :, None]
         K, g = self._profile(np.sqrt(r2))
         # With r = ||x - z|| / l: dK/d log l_k = -k'(r) / r * s_k² = g(r) s_k² (s_k the
@@ -72,42 +97,52 @@ class Stationary(Kernel):
         """``k(r)`` and ``g(r) = -k'(r) / r`` (0 where r = 0 for the non-smooth kernels)."""
         raise NotImplementedError
 
-    def _scale(self, X: Array) -> Array:
-        ell = np.asarray(self.lengthscale, dtype=X.dtype)
+    def _lengthscale(self, X: Array) -> Array:
+        """The lengthscale as an array of X's dtype: a scalar, or one entry per feature."""
+        ell = np.asarray(self.lengthscale, dtype=np.result_type(X.dtype, np.float32))
         if ell.ndim == 1 and ell.shape[0] != X.shape[1]:
             raise ValueError(f"{type(self).__name__}: lengthscale has {ell.shape[0]} entries but "
                              f"the data has {X.shape[1]} features; give one per feature or a "
                              "scalar.")
-        return X / ell
+        return ell
 
     def half_neg_sqdist(self, X: Array, Z: Array, exact_near: bool = False) -> Array:
         """``-||x - z||² / (2 l²)`` for every pair; shape (n, m), X's float dtype.
 
-        ``exact_near`` recomputes the pairs closer than ``NEAR`` times the norms
-        from their differences (for kernels that take a square root).
+        By one matrix product on rows centred on Z's median; the pairs whose expanded
+        value may have lost digits to cancellation are recomputed from their
+        differences (module docstring). ``exact_near`` selects the stricter criterion
+        of the kernels that take a square root.
         """
         dtype = np.result_type(X.dtype, Z.dtype, np.float32)
-        Xs = self._scale(X.astype(dtype, copy=False))
-        Zs = self._scale(Z.astype(dtype, copy=False))
-        centre = Zs.mean(axis=0)
-        Xs, Zs = Xs - centre, Zs - centre
+        square = X is Z  # k(X): its diagonal pairs are x with itself
+        X, Z = X.astype(dtype, copy=False), Z.astype(dtype, copy=False)
+        ell = self._lengthscale(X)
+        centre = _robust_centre(Z)
+        Xs, Zs = (X - centre) / ell, (Z - centre) / ell
+        hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)
+        hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
         ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)
-        hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)[:, None]
-        hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)[:, None]
-        G = np.hstack([Xs, -hx, ones_x]) @ np.hstack([Zs, ones_z, -hz]).T
+        G = np.hstack([Xs, -hx[:, None], ones_x]) @ np.hstack([Zs, ones_z, -hz[:, None]]).T
+        if square:  # exactly 0, as diag() says, not 0 within ε h
+            np.fill_diagonal(G, 0.0)
         # Rounding can leave values of order eps·h above 0. Clamping would cost a pass over
         # the tile: exp takes them to 1 + O(eps), and exact_near recomputes them exactly.
-        if exact_near and G.size:
-            rows, cols = np.nonzero(G > -NEAR * (hx.max() + hz.max()))
-            G[rows, cols] = -0.5 * np.square(Xs[rows] - Zs[cols]).sum(axis=1)
+        near, floor = (NEAR, 0.0) if exact_near else (EXP_NEAR, 1.0)
+        rows, cols = _cancelled_pairs(G, hx, hz, near, floor)
+        if len(rows):  # uncentred differences: subtracting a far centre loses digits
+            G[rows, cols] = -0.5 * np.square((X[rows] - Z[cols]) / ell).sum(axis=1)
         return G
 
     def _keops_sqdist(self, X: Array, Z: Array) -> Any:
         from pykeops.numpy import LazyTensor
 
-        x = LazyTensor(np.ascontiguousarray(self._scale(X))[:, None, :])
-        z = LazyTensor(np.ascontiguousarray(self._scale(Z))[None, :, :])
-        return x.sqdist(z)
+        x = LazyTensor(np.ascontiguousarray(X)[:, None, :])
+        z = LazyTensor(np.ascontiguousarray(Z)[None, :, :])
+        ell = self._lengthscale(X)
+        if ell.ndim == 0:  # differences first, then the lengthscale (see _value_and_gradient)
+            return x.sqdist(z) * float(1.0 / ell**2)
+        return ((x - z) * LazyTensor(np.ascontiguousarray(1.0 / ell))).sqnorm2()
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
@@ -231,6 +266,54 @@ def _matern_profile(r: Array, nu: float) -> tuple[Array, Array]:
         return (1.0 + a * r) * e, 3.0 * e
     # k = (1 + √5 r + 5 r² / 3) e^{-√5 r}, g = 5/3 (1 + √5 r) e^{-√5 r}
     return (1.0 + a * r + 5.0 * r * r / 3.0) * e, 5.0 / 3.0 * (1.0 + a * r) * e
+
+
+def _cancelled_pairs(G: Array, hx: Array, hz: Array, near: float,
+                     floor: float) -> tuple[Array, Array]:
+    """(rows, cols) of the pairs with ``max(|G|, floor) < near (h_x + h_z)``.
+
+    There the expanded form's rounding error ``≈ ε (h_x + h_z)`` is not small next to
+    ``max(|G|, floor)``. With ``floor > 0`` only rows (columns) whose ``h`` plus the
+    largest ``h`` of the other side exceeds ``floor / near`` can hold such a pair, so
+    only where they cross is searched: nowhere on ordinary data.
+    """
+    least = floor / near  # h_x + h_z must exceed it
+    if G.size == 0 or hx.max() + hz.max() <= least:
+        return np.empty(0, np.intp), np.empty(0, np.intp)
+    rows = np.flatnonzero(hx + hz.max() > least)
+    cols = np.flatnonzero(hz + hx.max() > least)
+    if len(rows) < G.shape[0] or len(cols) < G.shape[1]:
+        G, hx, hz = G[np.ix_(rows, cols)], hx[rows], hz[cols]
+    # A pair qualifies only if G > -near (h_x + max h_z): one comparison with a bound per
+    # row (or per column, whichever side has the smaller norms), then the exact test on
+    # the few candidates. Far rows on both sides make all candidates: one exact pass.
+    if hz.max() <= hx.max():
+        candidates = G > (-near * (hx + hz.max()))[:, None]
+    else:
+        candidates = G > (-near * (hx.max() + hz))[None, :]
+    flat = np.flatnonzero(candidates)
+    if len(flat) > G.size // 8:
+        flat = np.flatnonzero(G > np.add.outer(-near * hx, -near * hz))
+    r, c = np.divmod(flat, G.shape[1])
+    bound = near * (hx[r] + hz[c])
+    keep = G.ravel()[flat] > -bound
+    if floor:
+        keep &= bound > floor
+    return rows[r[keep]], cols[c[keep]]
+
+
+def _robust_centre(Z: Array) -> Array:
+    """A coordinatewise (lower) median of at most ``CENTRE_SAMPLE`` evenly spaced rows of Z.
+
+    Any centre gives correct distances (the pairs it leaves far from it are
+    recomputed); a robust one keeps that set small, as one far row cannot move it. A
+    row of Z per coordinate, so ``x - c`` is exact for rows near it (Sterbenz).
+    """
+    if len(Z) == 0:
+        return np.zeros(Z.shape[1], Z.dtype)
+    sample = Z[::-(-len(Z) // CENTRE_SAMPLE)]
+    middle = (len(sample) - 1) // 2
+    return np.partition(sample, middle, axis=0)[middle]
 
 
 def _distance(half_neg_sqdist: Array) -> Array:

@@ -1,0 +1,221 @@
+"""One row far from the others: every kernel value accurate to its own pair's scale.
+
+The stationary kernels' expanded distance ``h_x + h_z - s_x·s_z`` rounds with an error
+of about ``ε (h_x + h_z)``; centred on the mean of Z, one far row moved every pair off
+the origin and lost every digit of the bulk's distances (``Gaussian(1)`` gave ``inf``).
+Here one row at 1e3 … 1e15 sits among 20 ordinary ones, in Z, in X, or on both sides
+near the same far place, and every kernel, backend and model is checked against
+direct differences ``x - z`` (numpy, scipy's cdist, scikit-learn's GP, which uses cdist).
+"""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+from scipy.special import logsumexp
+
+import dkern
+from dkern import kernels as K
+from dkern.backends import matvec_block_keops, matvec_block_numpy
+
+FAR = [1e3, 1e6, 1e9, 1e12, 1e15]
+RNG = np.random.default_rng(11)
+BULK_X = RNG.normal(size=(20, 3))
+BULK_Z = RNG.normal(size=(21, 3)) + 0.5
+DIRECTION = np.array([1.0, -0.5, 0.25])
+ELL = np.array([0.8, 1.5, 0.6])
+
+
+def layout(far, where):
+    """(X, Z): the bulk with one far row in Z, in X, or near the same far place in both."""
+    X, Z = BULK_X.copy(), BULK_Z.copy()
+    if where in ("z", "both"):
+        Z[7] = far * DIRECTION + np.array([0.1, 0.0, 0.1])
+    if where in ("x", "both"):
+        X[3] = far * DIRECTION + np.array([0.3, 0.1, -0.2])
+    return X, Z
+
+
+def r_direct(A, B, ell=1.0):
+    """``||a - b|| / l`` from the differences, then the lengthscale."""
+    return np.sqrt((((A[:, None, :] - B[None, :, :]) / ell) ** 2).sum(-1))
+
+
+def matern(nu, ell):
+    a = np.sqrt(2 * nu)
+    poly = {0.5: lambda r: 1, 1.5: lambda r: 1 + a * r,
+            2.5: lambda r: 1 + a * r + a * a * r * r / 3}
+    return lambda A, B: poly[nu](r_direct(A, B, ell)) * np.exp(-a * r_direct(A, B, ell))
+
+
+def gauss(ell):
+    return lambda A, B: np.exp(-0.5 * r_direct(A, B, ell) ** 2)
+
+
+P_ELL, PERIOD = 0.9, 2.5
+# (kernel, dense reference of k(A, B) from direct differences)
+CASES = [
+    (K.Gaussian(0.8), gauss(0.8)),
+    (K.Gaussian(ELL), gauss(ELL)),
+    (K.Laplacian(1.5), lambda A, B: np.exp(-r_direct(A, B, 1.5))),
+    (K.Matern(1.2, 0.5), matern(0.5, 1.2)),
+    (K.Matern(ELL, 1.5), matern(1.5, ELL)),
+    (K.Matern(0.8, 2.5), matern(2.5, 0.8)),
+    (2.0 * K.Gaussian(0.8) + K.Linear(), lambda A, B: 2 * gauss(0.8)(A, B) + A @ B.T),
+    (K.Gaussian(ELL) * K.Matern(0.7, 2.5), lambda A, B: gauss(ELL)(A, B) * matern(2.5, 0.7)(A, B)),
+    (K.Periodic(P_ELL, PERIOD),
+     lambda A, B: np.exp(-2 * np.sin(np.pi * r_direct(A, B) / PERIOD) ** 2 / P_ELL**2)),
+]
+IDS = [repr(k)[:40] for k, _ in CASES]
+
+
+def tolerance(kernel, A, B):
+    """1e-12 on a kernel value; plus what the data's own rounding allows: ``ε |a||b|`` for
+    a Linear term, and for the periodic kernel ``ε r`` times its largest slope in r (its
+    phase at r ~ 1e15 is known to a few units only, whatever the arithmetic)."""
+    eps, tol = np.finfo(float).eps, 1e-12
+    if "Linear" in repr(kernel):
+        tol = tol + 8 * eps * np.abs(A) @ np.abs(B).T
+    if "Periodic" in repr(kernel):
+        tol = tol + 8 * eps * cdist(A, B) * 4 * np.pi / (PERIOD * P_ELL**2)
+    return tol
+
+
+def test_the_reported_repro():
+    got = K.Gaussian(lengthscale=1.0)(np.array([[0.3]]), np.array([[0.1], [1e10]]))
+    np.testing.assert_allclose(got, [[np.exp(-0.02), 0.0]], rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("far", FAR)
+@pytest.mark.parametrize(("kernel", "ref"), CASES, ids=IDS)
+def test_dense_block_is_exact_with_one_far_row(kernel, ref, far):
+    for where in ("z", "x", "both"):
+        X, Z = layout(far, where)
+        want = ref(X, Z)
+        err = np.abs(kernel(X, Z) - want)
+        assert np.all(err <= tolerance(kernel, X, Z)), (where, err.max())
+        A = np.vstack([X, Z])  # a square block holding the far rows, as a Gram tile does
+        assert np.all(np.abs(kernel(A) - ref(A, A)) <= tolerance(kernel, A, A)), where
+
+
+@pytest.mark.parametrize("far", [1e9, 1e12])
+def test_two_rows_near_the_same_far_place_keep_their_kernel_value(far):
+    """x = far + 0.3, z = far + 0.1 (one feature): k = exp(-0.02) = 0.980 up to the rounding
+    of the inputs themselves (an ulp of 1e12 is 1.2e-4)."""
+    X, Z = np.array([[far + 0.3], [0.0]]), np.array([[far + 0.1], [1.0]])
+    got = K.Gaussian(1.0)(X, Z)
+    d = X[0, 0] - Z[0, 0]  # the difference of the stored values
+    np.testing.assert_allclose(got, [[np.exp(-d * d / 2), 0.0], [0.0, np.exp(-0.5)]],
+                               rtol=1e-14, atol=0)
+    assert abs(got[0, 0] - 0.980) < 1e-3
+
+
+@pytest.mark.parametrize("far", FAR)
+@pytest.mark.parametrize("exact_near", [False, True])
+def test_half_neg_sqdist_is_relatively_exact(far, exact_near):
+    """``-r²/2`` within 1e-11 of its own size (the exponential kernels' criterion: of
+    ``max(|G|, 1)``), for isotropic and ARD lengthscales."""
+    for ell in (0.8, ELL):
+        for where in ("z", "x", "both"):
+            X, Z = layout(far, where)
+            want = -0.5 * r_direct(X, Z, ell) ** 2
+            got = K.Gaussian(ell).half_neg_sqdist(X, Z, exact_near=exact_near)
+            scale = np.abs(want) if exact_near else np.maximum(np.abs(want), 1.0)
+            assert np.all(np.abs(got - want) <= 1e-11 * scale), (ell, where)
+
+
+@pytest.mark.parametrize("far", FAR)
+def test_gradient_is_exact_with_one_far_row(far):
+    """The gradients take differences before the lengthscale too."""
+    X, Z = layout(far, "both")
+    for ell in (0.8, ELL):
+        r = r_direct(X, Z, ell)
+        _, grad = K.Gaussian(ell)._value_and_gradient(X, Z, diag=False)
+        want = np.exp(-0.5 * r**2) * r**2 if np.ndim(ell) == 0 else \
+            np.exp(-0.5 * r**2)[:, :, None] * ((X[:, None] - Z[None]) / ell) ** 2
+        np.testing.assert_allclose(grad.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("far", FAR)
+def test_numpy_backend_matvec_with_one_far_row(far):
+    kernel, ref = CASES[4]  # Matern(ELL, 1.5): a root-taking kernel
+    X, Z = layout(far, "both")
+    V = RNG.normal(size=(len(Z), 2))
+    got = matvec_block_numpy(kernel, X, Z, V, tile_rows=6, tile_cols=8)  # far rows in some tiles
+    np.testing.assert_allclose(got, ref(X, Z) @ V, rtol=0, atol=1e-12)
+    got = matvec_block_numpy(CASES[0][0], X, Z, V, tile_rows=6, tile_cols=8)
+    np.testing.assert_allclose(got, CASES[0][1](X, Z) @ V, rtol=0, atol=1e-12)
+
+
+@pytest.mark.keops
+def test_keops_backend_with_one_far_row():
+    """One formula (KeOps compiles each once): a Gaussian plus an ARD Laplacian, whose
+    distances KeOps takes from the differences, then the lengthscale."""
+    kernel = K.Gaussian(0.8) + K.Laplacian(ELL)
+    for far in FAR:
+        X, Z = layout(far, "both")
+        V = RNG.normal(size=(len(Z), 1))
+        want = (gauss(0.8)(X, Z) + np.exp(-r_direct(X, Z, ELL))) @ V
+        np.testing.assert_allclose(matvec_block_keops(kernel, X, Z, V), want, rtol=0,
+                                   atol=1e-12, err_msg=str(far))
+
+
+# ---------------------------------------------------------------- end to end, small n
+@pytest.fixture(autouse=True)
+def _sync(sync_scheduler):
+    """dask's synchronous scheduler: no cluster needed."""
+
+
+@pytest.mark.parametrize("far", [1e9, 1e12])
+def test_gram_matvec_with_one_far_row(far):
+    X, Z = layout(far, "both")
+    v = RNG.normal(size=len(Z))
+    kernel = K.Gaussian(0.8)
+    got = np.asarray(dkern.gram(kernel, X, Z, backend="numpy") @ v)
+    np.testing.assert_allclose(got, gauss(0.8)(X, Z) @ v, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("far", [1e9, 1e12])
+def test_exact_gp_std_at_a_far_test_point_equals_sklearn(far):
+    """sklearn's RBF takes cdist distances: its prior std 1 far from the data, small near it."""
+    from sklearn.gaussian_process import GaussianProcessRegressor as SklearnGPR
+    from sklearn.gaussian_process.kernels import RBF
+
+    X = BULK_X
+    y = np.sin(X[:, 0]) + X[:, 1]
+    test = np.vstack([X[:2] + 0.01, far * DIRECTION])
+    sk = SklearnGPR(RBF(0.8), alpha=1e-2, optimizer=None).fit(X, y)
+    mean, std = sk.predict(test, return_std=True)
+    gp = dkern.GaussianProcessRegressor(K.Gaussian(0.8), alpha=1e-2, optimizer=None,
+                                        solver="exact").fit(X, y)
+    got_mean, got_std = gp.predict(test, return_std=True)
+    np.testing.assert_allclose(got_mean, mean, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got_std, std, rtol=1e-9)
+
+
+@pytest.mark.parametrize("far", [1e9, 1e12])
+def test_exact_kernel_ridge_with_one_far_training_row(far):
+    X, Z = layout(far, "x")
+    y = np.cos(X[:, 0])
+    alpha = 0.1
+    Kd = gauss(0.8)(X, X)
+    coef = np.linalg.solve(Kd + alpha * np.eye(len(X)), y)
+    want = gauss(0.8)(Z, X) @ coef
+    model = dkern.KernelRidge(K.Gaussian(0.8), alpha=alpha, solver="exact").fit(X, y)
+    np.testing.assert_allclose(model.predict(Z), want, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("where", ["x", "both"])
+@pytest.mark.parametrize("far", [1e9, 1e12])
+def test_kde_and_nadaraya_watson_with_one_far_training_row(far, where):
+    """Bandwidth 0.35: dividing the rows by it first would round a far row to its own
+    magnitude (2.9e-8 off at 1e9, 1.7e-4 at 1e12, with a query row near it)."""
+    X, Q = layout(far, where)
+    h = 0.35
+    L = -0.5 * r_direct(Q, X, h) ** 2
+    log_density = logsumexp(L, axis=1) - np.log(len(X)) - 1.5 * np.log(2 * np.pi) - 3 * np.log(h)
+    got = dkern.KernelDensity(bandwidth=h).fit(X).score_samples(Q)
+    np.testing.assert_allclose(got, log_density, rtol=1e-12, atol=1e-12)
+    t = np.sin(X[:, 0]) + 2.0
+    want = np.exp(L - logsumexp(L, axis=1, keepdims=True)) @ t
+    got = dkern.NadarayaWatson(bandwidth=h).fit(X, t).predict(Q)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
