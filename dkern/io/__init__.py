@@ -8,7 +8,7 @@ The only dkern package that imports zarr. Data flow::
 """
 
 from dkern.io.maintenance import StoreReport, check_store, clean_store
-from dkern.io.read import list_arrays, open_array, read_attrs
+from dkern.io.read import list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
     as_rows,
     default_row_chunk,
@@ -34,6 +34,7 @@ __all__ = [
     "make_regression_store",
     "open_array",
     "read_attrs",
+    "read_manifest",
     "write_array",
     "write_arrays",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -31,7 +32,7 @@ from dkern.io._store import (
     where,
 )
 
-__all__ = ["list_arrays", "open_array", "read_attrs"]
+__all__ = ["list_arrays", "open_array", "read_attrs", "read_manifest"]
 
 
 def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
@@ -87,6 +88,47 @@ def read_attrs(url: Url, group: str = "") -> dict[str, Any]:
     group = group.strip("/")
     root = open_group(url, group, mode="r")
     return dict(read_pointer(root, url, group).get("attrs", {}))
+
+
+#: The fields of a manifest entry that :func:`read_manifest` returns.
+_MANIFEST_FIELDS = ("shape", "dtype", "chunks", "n_chunks")
+
+
+def read_manifest(url: Url, group: str = "") -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The user attributes and array manifest of the latest version ``write_arrays`` wrote.
+
+    Both come from one read of the group's pointer table, whose checksum is verified, so
+    they describe the same version; no array is opened. Callers can check what the
+    arrays claim (a model file's shapes, the memory they need) before reading any.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+        The store: a local path or any fsspec URL.
+    group : str, default ""
+        The group's path in the store (``""``: its top-level group).
+
+    Returns
+    -------
+    attrs : dict
+        The user attributes (``{}`` for a Zarr group dkern never wrote).
+    manifest : dict of str to dict
+        For each array dkern published in the group, copies of its ``"shape"`` and
+        ``"chunks"`` (lists), ``"dtype"`` (str) and ``"n_chunks"`` (int) as recorded at
+        publish; plain Zarr arrays are not listed.
+
+    Raises
+    ------
+    StoreError
+        No store or group at ``url``; a pointer of another format, one that fails its
+        checksum (edited or damaged), or with entries dkern could not have written.
+    """
+    url = os.fspath(url)
+    group = group.strip("/")
+    pointer = read_pointer(open_group(url, group, mode="r"), url, group)
+    manifest = {name: {key: copy.deepcopy(entry[key]) for key in _MANIFEST_FIELDS}
+                for name, entry in pointer.get("arrays", {}).items()}
+    return dict(pointer.get("attrs", {})), manifest
 
 
 def list_arrays(url: Url, group: str = "") -> list[str]:

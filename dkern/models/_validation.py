@@ -15,12 +15,11 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-import psutil
 from sklearn.utils import assert_all_finite, column_or_1d
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from ..errors import MemoryLimitError, StoreError
+from ..errors import StoreError
 from ..io import as_rows, is_lazy, is_store_ref, list_arrays, path_within, store_location
 from ..kernels import Kernel
 
@@ -237,123 +236,3 @@ def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
         raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
                         f"or None; got {type(kernel).__name__}.")
     return kernel
-
-
-def _is_count(value: Any, minimum: int) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool) and value >= minimum
-
-
-def _is_dtype(value: Any, kinds: str) -> bool:
-    try:
-        return isinstance(value, str) and np.dtype(value).kind in kinds
-    except TypeError:
-        return False
-
-
-#: What a model file's "fitted" scalar of each kind must be: (test, how messages say it).
-FILE_VALUE_KINDS: dict[str, tuple[Any, str]] = {
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "count": (lambda v: _is_count(v, 0), "an integer >= 0"),
-    "positive": (lambda v: _is_count(v, 1), "an integer >= 1"),
-    "counts": (lambda v: isinstance(v, list) and all(_is_count(i, 0) for i in v),
-               "a list of integers >= 0"),
-    "number": (lambda v: finite_number(v) is not None, "a finite number"),
-    "number or null": (lambda v: v is None or finite_number(v) is not None,
-                       "a finite number or null"),
-    "numbers": (lambda v: isinstance(v, list) and all(finite_number(i) is not None for i in v),
-                "a list of finite numbers"),
-    "strings": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
-                "a list of strings"),
-    "labels": (lambda v: isinstance(v, list) and len(v) >= 2
-               and all(isinstance(i, str | bool) or finite_number(i) is not None for i in v),
-               "a list of at least 2 labels (strings, numbers or booleans)"),
-    "label dtype": (lambda v: _is_dtype(v, "biufU"),
-                    "a numpy dtype string of numbers, booleans or strings, e.g. '<i8'"),
-}
-
-
-def check_file_values(where: str, attribute: str, values: dict[str, Any],
-                      kinds: dict[str, str]) -> None:
-    """StoreError unless each ``values[name]`` is of the kind ``kinds[name]`` names
-    (a key of :data:`FILE_VALUE_KINDS`); ``where`` names the store in the message."""
-    for name, value in values.items():
-        test, expected = FILE_VALUE_KINDS[kinds[name]]
-        if not test(value):
-            raise StoreError(
-                f"{where}: the model's {attribute!r} attribute {name!r} is {value!r} "
-                f"({type(value).__name__}); dkern.load expected {expected}. The file was not "
-                "written by dkern.save (or was edited after); save the model again.")
-
-
-def check_stored_shapes(where: str, manifest: dict[str, dict[str, Any]],
-                        spec: dict[str, tuple[str, ...]],
-                        known: dict[str, tuple[int, str]]) -> None:
-    """StoreError unless each array of ``spec`` is in ``manifest`` with the shape it claims.
-
-    Parameters
-    ----------
-    where : str
-        How messages name the store.
-    manifest : dict
-        The store's array entries (``"shape"`` and ``"dtype"`` each), read before any array.
-    spec : dict of str to tuple of str
-        Each array's dimensions by symbol, e.g. ``("n", "d")``; a last symbol ending in
-        ``"?"`` may be absent (a 1-D array then has that dimension 1).
-    known : dict of str to (int, str)
-        Symbols fixed by the file's attributes, with where each value comes from, e.g.
-        ``{"d": (3, "n_features_in_ = 3")}``; the others are fixed by the first array
-        that has them, and every later one must agree.
-    """
-    bound = dict(known)
-    for name, dims in spec.items():
-        shape = _claimed_shape(where, manifest, name, dims)
-        sizes = shape + (1,) * (len(dims) - len(shape))
-        for axis, (dim, size) in enumerate(zip(dims, sizes, strict=True)):
-            symbol = dim.rstrip("?")
-            value, source = bound.setdefault(symbol, (size, f"{name}.shape[{axis}] = {size}"))
-            if size != value:
-                raise StoreError(
-                    f"{where}: array {name!r} claims shape {shape}, but the model needs shape "
-                    f"({', '.join(dims)}) with {symbol} = {value} ({source}); found "
-                    f"{symbol} = {size}. The file's arrays do not match its model (it was "
-                    "edited or damaged, or not written by dkern.save); save the model again.")
-
-
-def _claimed_shape(where: str, manifest: dict[str, dict[str, Any]], name: str,
-                   dims: tuple[str, ...]) -> tuple[int, ...]:
-    """The shape the manifest claims for ``name``, checked to be numeric with ``dims``'s rank."""
-    entry = manifest.get(name)
-    if entry is None:
-        raise StoreError(f"{where}: the model needs the array {name!r}, which the store lacks "
-                         f"(it has {sorted(manifest)}). The file is damaged or was not written "
-                         "by dkern.save; save the model again.")
-    shape, dtype = entry.get("shape"), entry.get("dtype")
-    ranks = (len(dims) - 1, len(dims)) if dims[-1].endswith("?") else (len(dims),)
-    if (not isinstance(shape, list) or len(shape) not in ranks
-            or not all(_is_count(s, 0) for s in shape) or not _is_dtype(dtype, "biuf")):
-        raise StoreError(
-            f"{where}: array {name!r} claims shape {shape!r} and dtype {dtype!r}, but the "
-            f"model needs a numeric array of shape ({', '.join(dims)}). The file was edited "
-            "or damaged, or not written by dkern.save; save the model again.")
-    return tuple(int(s) for s in shape)
-
-
-def check_fits_in_memory(where: str, manifest: dict[str, dict[str, Any]],
-                         names: list[str]) -> None:
-    """MemoryLimitError when the arrays ``names`` (loaded into memory) claim more bytes
-    than this machine has available, before any of them is read."""
-    claimed = {name: math.prod(manifest[name]["shape"]) * np.dtype(manifest[name]["dtype"]).itemsize
-               for name in names}
-    available = psutil.virtual_memory().available
-    if sum(claimed.values()) > available:
-        sizes = ", ".join(f"{name} {_gib(size)}" for name, size in claimed.items())
-        raise MemoryLimitError(
-            f"{where}: loading this model needs {_gib(sum(claimed.values()))} in memory "
-            f"({sizes}), more than the {_gib(available)} available on this machine. Load it "
-            "on a machine with more free memory; if the model should be small, the file "
-            "claims shapes it was not saved with: save the model again.")
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.3g} GiB"

@@ -35,7 +35,8 @@ The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_re
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
 attributes are covered by the store pointer's checksum, so an edited or damaged file
 is refused rather than loaded as a different model; ``load`` sets only the fitted
-attributes it knows.
+attributes it knows. What a file must hold before ``load`` reads any array is checked
+by :mod:`dkern.models._file_checks`.
 """
 
 from __future__ import annotations
@@ -52,16 +53,10 @@ from sklearn.utils.validation import check_is_fitted
 from .._version import __version__
 from ..errors import DkernError, StoreError
 from ..io import open_array, read_attrs, write_arrays
-from ..io._store import Url, open_group, read_pointer
 from ..kernels import Kernel, from_repr
 from . import _gp_sparse, _gpc_store, _klr_store, _toolbox_store
-from ._validation import (
-    check_file_values,
-    check_fits_in_memory,
-    check_stored_shapes,
-    existing_arrays,
-    fixed_seed,
-)
+from ._file_checks import GP_SPARSE, MODEL_FORMAT, MODELS, checked_model_file
+from ._validation import existing_arrays, fixed_seed
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
@@ -74,57 +69,16 @@ __all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
 
 logger = logging.getLogger(__name__)
 
-#: Layout version of model stores; ``load`` refuses any other.
-MODEL_FORMAT = 1
-_MODELS = {"KernelRidge": KernelRidge, "GaussianProcessRegressor": GaussianProcessRegressor,
-           "GaussianProcessClassifier": GaussianProcessClassifier,
-           "KernelLogisticRegression": KernelLogisticRegression, "KernelDensity": KernelDensity,
-           "NadarayaWatson": NadarayaWatson, "KNeighborsRegressor": KNeighborsRegressor,
-           "KNeighborsClassifier": KNeighborsClassifier}
 Model = (KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
          | KernelLogisticRegression | KernelDensity | NadarayaWatson | KNeighborsRegressor
          | KNeighborsClassifier)
-_COMMON = frozenset({"solver_", "n_iter_", "converged_", "n_features_in_", "feature_names_in_"})
-#: What ``_fitted_scalars`` writes and ``load`` accepts in the "fitted" attribute, per model.
-_FITTED_NAMES = {
-    "KernelRidge": _COMMON | {"dual_coef_lazy", "X_fit_lazy"},
-    "GaussianProcessRegressor": _COMMON | {
-        "variance_", "log_marginal_likelihood_value_", "y_train_mean", "y_train_std",
-        "alpha_lazy", "X_train_lazy", "y_train_lazy", "pivot_seed"},
-    "GaussianProcessClassifier": _gpc_store.FITTED_NAMES,
-    "KernelLogisticRegression": _klr_store.FITTED_NAMES,
-    **_toolbox_store.FITTED_NAMES,
-}
-#: The GP's "fitted" names that depend on the solver: training data and the seed of the CG
-#: preconditioner's pivots (rebuilt on first use), or SGPR's scalars.
-_GP_DATA = frozenset({"X_train_lazy", "y_train_lazy", "pivot_seed"})
-_GP_SPARSE = frozenset({"sgpr_trace", "sgpr_n", "sgpr_jitter"})
-#: "fitted" names a file may lack: feature names (fitted on arrays without them) and the
-#: pivot seed (files written before dkern stored it).
-_OPTIONAL = frozenset({"feature_names_in_", "pivot_seed"})
 #: The array that marks each model as fitted.
 _FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_",
                  "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_",
                  **_toolbox_store.FITTED_ARRAY}
-_REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
-#: The kind (a key of ``_validation.FILE_VALUE_KINDS``) of each "fitted" scalar; every
-#: ``*_lazy`` flag is a bool. The classifier's ``n_iter_`` has one count per binary problem.
-_FITTED_KINDS = {
-    "solver_": "str", "n_iter_": "count", "converged_": "bool", "n_features_in_": "positive",
-    "feature_names_in_": "strings", "variance_": "str",
-    "log_marginal_likelihood_value_": "number or null", "y_train_mean": "numbers",
-    "y_train_std": "numbers", "pivot_seed": "count", "sgpr_trace": "number",
-    "sgpr_n": "positive", "sgpr_jitter": "number", "n_classes_": "positive",
-    "classes_": "labels", "classes_dtype": "label dtype", "log_norm_": "number",
-    "n_samples_fit_": "positive"}
-#: The solvers whose arrays ``load`` knows, per model (the memory-based models have none).
-_SOLVERS = {"KernelRidge": ("exact", "cg", "nystrom"),
-            "GaussianProcessRegressor": ("exact", "cg", "nystrom"),
-            "GaussianProcessClassifier": _gpc_store.SOLVERS,
-            "KernelLogisticRegression": _klr_store.SOLVERS}
 
 
-def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
+def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) -> None:
     """Save a fitted model to a Zarr store, all of it published in one atomic step.
 
     Parameters
@@ -151,8 +105,8 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     StoreError
         The store already holds a model and ``overwrite`` is False.
     """
-    if not isinstance(model, tuple(_MODELS.values())):
-        raise TypeError(f"save takes a fitted dkern model ({sorted(_MODELS)}); got "
+    if not isinstance(model, tuple(MODELS.values())):
+        raise TypeError(f"save takes a fitted dkern model ({sorted(MODELS)}); got "
                         f"{type(model).__name__}.")
     kind = type(model).__name__
     check_is_fitted(model, _FITTED_ARRAY[kind])
@@ -186,20 +140,6 @@ def save(model: Model, url: Url, *, overwrite: bool = False) -> None:
     logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
 
 
-#: The arrays of a KernelRidge file per solver, by dimension (``n`` training rows, ``m``
-#: centres, ``d`` features, ``t`` targets, ``r`` residual rows); "t?": (n,) or (n, t).
-_KRR_SHAPES = {
-    "exact": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?")},
-    "cg": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?"), "residuals": ("r", "t")},
-    "nystrom": {"centers": ("m", "d"), "dual_coef": ("m", "t?"), "residuals": ("r", "t")}}
-_GP_SHAPES = {
-    "exact": {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?"),
-              "L": ("n", "n")},
-    "cg": {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?")},
-    "nystrom": {"centers": ("m", "d"), "alpha": ("m", "t?"), "L": ("m", "m"), "P": ("m", "m"),
-                "b": ("m", "t"), "yty": ("t",)}}
-
-
 def _krr_arrays(model: KernelRidge) -> dict[str, Any]:
     arrays: dict[str, Any] = {"dual_coef": model.dual_coef_}
     if model.solver_ == "nystrom":
@@ -222,7 +162,7 @@ def _gp_arrays(model: GaussianProcessRegressor) -> dict[str, Any]:
     return arrays
 
 
-def load(url: Url) -> Model:
+def load(url: str | os.PathLike[str]) -> Model:
     """Load a model saved with :func:`save`.
 
     Parameters
@@ -242,19 +182,20 @@ def load(url: Url) -> Model:
         No store at ``url``, a store that is not a dkern model, a model written in
         another format or by an incompatible (different major) dkern version, or a
         model file that was edited or damaged.
+    MemoryLimitError
+        The arrays loaded into memory claim more bytes than this machine has available
+        (checked, like everything above, before any array is read).
     """
     url = os.fspath(url)
-    attrs, manifest = _stored(url)
+    attrs, fitted = checked_model_file(url)
     kind = attrs["dkern_model"]
-    fitted = _checked_fitted(url, attrs)
-    _check_arrays(url, attrs, fitted, manifest)
     if kind in _toolbox_store.FITTED_NAMES:
-        model = _toolbox_store.restore(_MODELS[kind], attrs, fitted,
+        model = _toolbox_store.restore(MODELS[kind], attrs, fitted,
                                        lambda name, lazy: _read(url, name, lazy=lazy))
         _set_fitted(model, fitted)
         return model
     given = None if attrs["kernel_is_default"] else _kernel(url, attrs, "kernel")
-    model = _MODELS[kind](kernel=given, **attrs["params"])
+    model = MODELS[kind](kernel=given, **attrs["params"])
     model.kernel_ = _kernel(url, attrs, "fitted_kernel" if attrs.get("fitted_kernel") else "kernel")
     if isinstance(model, GaussianProcessRegressor):
         _restore_gp(model, url, fitted)
@@ -280,7 +221,7 @@ def _kernel(url: str, attrs: dict[str, Any], key: str) -> Kernel | list[Kernel]:
 
 
 def _set_fitted(model: Model, fitted: dict[str, Any]) -> None:
-    """Set the fitted scalars ``_checked_fitted`` let through."""
+    """Set the fitted scalars :func:`._file_checks.checked_model_file` let through."""
     if "feature_names_in_" in fitted:
         fitted["feature_names_in_"] = np.asarray(fitted["feature_names_in_"], dtype=object)
     for name, value in fitted.items():
@@ -304,7 +245,7 @@ def _restore_gp(model: GaussianProcessRegressor, url: str, fitted: dict[str, Any
     if fitted["solver_"] == "nystrom":
         names = ("centers", "L", "P", "b", "yty")
         arrays = {name: _read(url, name, lazy=False) for name in names}
-        scalars = {name: fitted.pop(name) for name in _GP_SPARSE}
+        scalars = {name: fitted.pop(name) for name in GP_SPARSE}
         model._stats = _gp_sparse.restore(model.kernel_, arrays, scalars)
         model.centers_ = arrays["centers"]
     else:
@@ -396,7 +337,7 @@ def _fitted_scalars(model: Model) -> dict[str, Any]:
     return fitted
 
 
-def check_can_save(url: Url, *, overwrite: bool = False) -> None:
+def check_can_save(url: str | os.PathLike[str], *, overwrite: bool = False) -> None:
     """Raise the error :func:`save` would raise for ``url`` before any work is done.
 
     Call it before a long fit whose model goes to ``url``, so a name already taken
@@ -433,141 +374,6 @@ def _existing_attrs(url: str) -> dict[str, Any]:
         return read_attrs(url)
     except StoreError:
         return {}
-
-
-def _stored(url: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The model attributes of ``url``, checked, and its arrays' manifest entries (shape,
-    dtype, chunks), both from one read of the store's pointer, before any array is read."""
-    pointer = read_pointer(open_group(url, "", mode="r"), url, "")
-    attrs, manifest = dict(pointer.get("attrs", {})), dict(pointer.get("arrays", {}))
-    kind = attrs.get("dkern_model")
-    if kind not in _MODELS:
-        raise StoreError(
-            f"{url!r} is not a dkern model store: expected the attribute 'dkern_model' (one of "
-            f"{sorted(_MODELS)}) written by dkern.save; found {kind!r}, attributes "
-            f"{sorted(attrs)} and arrays {sorted(manifest)}. Open data arrays with "
-            "dkern.io.open_array instead.")
-    if attrs.get("format") != MODEL_FORMAT:
-        raise StoreError(f"{url!r} holds a {kind} model of format {attrs.get('format')!r}; this "
-                         f"dkern {__version__} reads model format {MODEL_FORMAT}. Load it with the "
-                         f"dkern version that wrote it ({attrs.get('dkern_version')}) and refit.")
-    saved_major = str(attrs.get("dkern_version", "?")).split(".")[0]
-    if saved_major != __version__.split(".")[0]:
-        raise StoreError(f"{url!r} holds a model saved by dkern {attrs.get('dkern_version')}; "
-                         f"this is dkern {__version__}, a different major version. Load it with "
-                         "a matching dkern and refit.")
-    missing = [key for key in _REQUIRED if key not in attrs]
-    if missing:
-        raise StoreError(f"{url!r} holds a {kind} model without the attributes {missing} that "
-                         "dkern.save writes; the file was not written by dkern.save. Save the "
-                         "model again.")
-    _check_attr_types(url, attrs)
-    return attrs, manifest
-
-
-def _check_attr_types(url: str, attrs: dict[str, Any]) -> None:
-    """StoreError naming the attribute when one is not of the type ``save`` writes."""
-    kind, kernel = attrs["dkern_model"], attrs["kernel"]
-    fitted_kernel = attrs.get("fitted_kernel") or kernel  # the GPs store both
-    memory_based = kind in _toolbox_store.FITTED_NAMES  # their kernel may be a name: null
-    checks = {
-        "kernel_is_default": ("true or false", isinstance(attrs["kernel_is_default"], bool)),
-        "params": ("a JSON object", isinstance(attrs["params"], dict)),
-        "fitted": ("a JSON object", isinstance(attrs["fitted"], dict)),
-        "kernel": ("a kernel's repr (a string), null only for a default kernel",
-                   isinstance(kernel, str) or (kernel is None and (
-                       memory_based or attrs["kernel_is_default"] is True))),
-        "fitted_kernel": ("a kernel's repr (a string), or a list of them", memory_based
-                          or isinstance(fitted_kernel, str) or (isinstance(fitted_kernel, list)
-                          and all(isinstance(text, str) for text in fitted_kernel)))}
-    for key, (expected, ok) in checks.items():
-        if not ok:
-            found = attrs.get(key, kernel)
-            raise StoreError(f"{url!r}: the {kind} model's attribute {key!r} is {found!r} "
-                             f"({type(found).__name__}); dkern.load expected {expected}. The file "
-                             "was not written by dkern.save (or was edited after); save the model "
-                             "again.")
-    _check_params(url, kind, attrs["params"])
-
-
-def _check_params(url: str, kind: str, params: dict[str, Any]) -> None:
-    """StoreError when "params" names a parameter the model does not take."""
-    takes = set(_MODELS[kind]().get_params(deep=False))
-    if kind not in _toolbox_store.FITTED_NAMES:
-        takes.discard("kernel")  # stored in "kernel"
-    unknown = sorted(set(params) - takes)
-    if unknown:
-        raise StoreError(f"{url!r}: the {kind} model's 'params' name {unknown}, which {kind} does "
-                         f"not take (it takes {sorted(takes)}): the file holds another model's "
-                         "parameters, or was edited after dkern.save wrote it. Load it only as "
-                         "the model it was saved as; save the model again.")
-
-
-def _checked_fitted(url: str, attrs: dict[str, Any]) -> dict[str, Any]:
-    """The file's fitted scalars, refusing any name ``save`` does not write: ``load``
-    calls ``setattr`` with them, which must never reach methods or dunders."""
-    fitted, known = attrs["fitted"], _FITTED_NAMES[attrs["dkern_model"]]
-    if attrs["dkern_model"] == "GaussianProcessRegressor" and isinstance(fitted, dict):
-        sparse = fitted.get("solver_") == "nystrom"
-        known = (known - _GP_DATA) | _GP_SPARSE if sparse else known
-    unknown = sorted(set(fitted) - known) if isinstance(fitted, dict) else fitted
-    missing = sorted(known - _OPTIONAL - set(fitted)) if not unknown else []
-    if unknown or missing:
-        raise StoreError(
-            f"{url!r}: the model's 'fitted' attributes name {unknown or missing} "
-            f"({'unknown to' if unknown else 'missing, needed by'} dkern.load, which sets only "
-            f"{sorted(known)}). The file was not written by dkern.save; save the "
-            "model again.")
-    kinds = {**{name: "bool" for name in known if name.endswith("_lazy")}, **_FITTED_KINDS,
-             **(_gpc_store.FITTED_KINDS if attrs["dkern_model"] == "GaussianProcessClassifier"
-                else {})}
-    check_file_values(repr(url), "fitted", fitted, kinds)
-    return dict(fitted)
-
-
-def _check_arrays(url: str, attrs: dict[str, Any], fitted: dict[str, Any],
-                  manifest: dict[str, dict[str, Any]]) -> None:
-    """Refuse, before any array is read, arrays whose claimed shapes the model's attributes
-    contradict (``StoreError``) or that this machine cannot hold (``MemoryLimitError``)."""
-    kind, where = attrs["dkern_model"], repr(url)
-    solvers = _SOLVERS.get(kind)
-    if solvers is not None and fitted["solver_"] not in solvers:
-        raise StoreError(f"{where}: the {kind} model's 'fitted' attribute 'solver_' is "
-                         f"{fitted['solver_']!r}; dkern.load knows {list(solvers)}. The file was "
-                         "not written by dkern.save (or was edited after); save the model again.")
-    d = fitted["n_features_in_"]
-    names = fitted.get("feature_names_in_", [None] * d)
-    if len(names) != d:
-        raise StoreError(f"{where}: the {kind} model has n_features_in_ = {d} but "
-                         f"{len(names)} feature_names_in_; they must match. The file was edited "
-                         "or damaged; save the model again.")
-    spec, known = _shapes(kind, attrs["params"], fitted)
-    check_stored_shapes(where, manifest, spec,
-                        {"d": (d, f"n_features_in_ = {d} in 'fitted'"), **known})
-    check_fits_in_memory(where, manifest, [name for name in spec
-                                           if not fitted.get(f"{name}_lazy", False)])
-
-
-def _shapes(kind: str, params: dict[str, Any], fitted: dict[str, Any]
-            ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[int, str]]]:
-    """The model's arrays as ``check_stored_shapes`` takes them: their dimensions by
-    symbol (``d`` is n_features_in_) and the symbols the attributes fix."""
-    if kind in _toolbox_store.FITTED_NAMES:
-        return _toolbox_store.shapes(kind, fitted)
-    if kind == "GaussianProcessClassifier":
-        return _gpc_store.shapes(fitted)
-    if kind == "KernelLogisticRegression":
-        return _klr_store.shapes(fitted)
-    solver, known = fitted["solver_"], {}
-    if solver == "nystrom" and params.get("n_centers") is not None:
-        known["m"] = (params["n_centers"], f"n_centers = {params['n_centers']} in 'params'")
-    if kind == "KernelRidge":
-        if solver != "exact":
-            known["r"] = (fitted["n_iter_"] + 1, f"n_iter_ + 1 = {fitted['n_iter_'] + 1}")
-        return _KRR_SHAPES[solver], known
-    t = len(fitted["y_train_mean"])
-    known["t"] = (t, f"{t} target mean(s) in y_train_mean")
-    return _GP_SHAPES[solver], known
 
 
 def _read(url: str, name: str, *, lazy: bool) -> Any:
