@@ -10,6 +10,8 @@ import sys
 import textwrap
 from collections import namedtuple
 
+import dask
+import dask.array as da
 import numpy as np
 import pytest
 
@@ -196,3 +198,15 @@ def test_large_targets_below_the_bound_still_fit(solver):
     model = KernelRidge(solver=solver, n_centers=10 if solver == "nystrom" else None).fit(
         X, Y * 1e150)
     assert np.all(np.isfinite(model.predict(X)))
+
+
+@pytest.mark.parametrize("fit, message", [  # the same inputs, lazy: dask X, y and a stored y
+    (lambda tmp: KernelRidge(solver="cg").fit(da.from_array(BIG_X, chunks=4), Y), X_MESSAGE),
+    (lambda tmp: KernelRidge(solver="cg").fit(X, da.from_array(BIG_Y, chunks=4)), Y_MESSAGE),
+    (lambda tmp: KernelRidge(solver="exact").fit(
+        X, (dkern.io.write_array(BIG_Y, tmp / "y.zarr", "y", chunk_rows=4) or
+            (str(tmp / "y.zarr"), "y"))), Y_MESSAGE),
+])
+def test_lazy_values_whose_squares_overflow_are_refused_naming_the_entry(tmp_path, fit, message):
+    with dask.config.set(scheduler="synchronous"), pytest.raises(ValueError, match=message):
+        fit(tmp_path)

@@ -11,6 +11,7 @@ from dkern.io.maintenance import StoreReport, check_store, clean_store
 from dkern.io.read import list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
     as_rows,
+    checked_values,
     default_row_chunk,
     is_lazy,
     is_store_ref,
@@ -23,6 +24,7 @@ from dkern.io.write import write_array, write_arrays
 __all__ = [
     "StoreReport",
     "as_rows",
+    "checked_values",
     "check_store",
     "clean_store",
     "default_row_chunk",

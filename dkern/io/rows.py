@@ -128,7 +128,7 @@ def as_rows(
         return _numpy_rows(X, name, allowed, row_chunks, check_finite, target)
     out = out.astype(_float_dtype(name, out.dtype, target), copy=False)
     if check_finite:
-        out = _check_finite_lazily(out, name)
+        out = checked_values(out, name)
     return out
 
 
@@ -228,24 +228,40 @@ def _stored_rows(
     return x.rechunk({0: row_chunks, **{ax: -1 for ax in range(1, x.ndim)}})
 
 
-def _check_finite_lazily(x: da.Array, name: str) -> da.Array:
+def checked_values(x: da.Array, name: str, max_abs: float | None = None) -> da.Array:
+    """``x`` whose chunks, as they are computed, raise ValueError naming the first row that
+    holds NaN or infinity or, with ``max_abs``, a larger value in magnitude (no extra pass
+    over the data: the check rides on the read)."""
     return da.map_blocks(
         _finite_block,
         x,
         name,
+        max_abs,
         dtype=x.dtype,
         meta=x._meta,
-        name=f"dkern-check-{name}-{tokenize(x.name, name)}",
+        name=f"dkern-check-{name}-{tokenize(x.name, name, max_abs)}",
     )
 
 
-def _finite_block(block: np.ndarray, label: str, *, block_info: dict[Any, Any]) -> np.ndarray:
-    """Pass ``block`` through; ValueError naming its global rows if any value is not finite."""
-    bad = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)
+def _finite_block(block: np.ndarray, label: str, max_abs: float | None, *,
+                  block_info: dict[Any, Any]) -> np.ndarray:
+    """Pass ``block`` through; ValueError naming its global rows if any value is not finite
+    (or, with ``max_abs``, larger in magnitude)."""
+    rows = block.reshape(len(block), -1)
+    start, stop = block_info[0]["array-location"][0]
+    bad = ~np.isfinite(rows).all(axis=1)
     if bad.any():
-        start, stop = block_info[0]["array-location"][0]
         raise ValueError(
             f"{label} contains NaN or infinity in rows [{start}, {stop}) "
             f"(first at row {start + int(np.argmax(bad))}). Drop or impute those rows."
+        )
+    if max_abs is not None and (big := np.abs(rows) > max_abs).any():
+        row, col = np.unravel_index(int(np.argmax(big)), rows.shape)
+        at = f"{start + int(row)}, {int(col)}" if block.ndim > 1 else f"{start + int(row)}"
+        raise ValueError(
+            f"{label}[{at}] = {rows[row, col]:.6g} is too large: dkern sums squares and "
+            f"products of {label}'s values, which overflow float64 for |values| above "
+            f"{max_abs:.3g} ({int(big.sum())} such entries in rows [{start}, {stop})). "
+            f"Rescale {label} (e.g. by a power of 10) and fit again."
         )
     return block

@@ -20,7 +20,15 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from ..errors import StoreError
-from ..io import as_rows, is_lazy, is_store_ref, list_arrays, path_within, store_location
+from ..io import (
+    as_rows,
+    checked_values,
+    is_lazy,
+    is_store_ref,
+    list_arrays,
+    path_within,
+    store_location,
+)
 from ..kernels import Kernel
 
 
@@ -32,7 +40,8 @@ def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
     """
     if not is_lazy(X):
         return check_magnitude(validate_data(estimator, X, reset=reset, dtype=np.float64), "X")
-    Xd = as_rows(X, name="X")
+    Xd = as_rows(X, name="X", check_finite=False)
+    Xd = checked_values(Xd, "X", magnitude_limit("X", Xd.shape))
     if reset:
         estimator.n_features_in_ = Xd.shape[1]
         if hasattr(estimator, "feature_names_in_"):
@@ -51,7 +60,7 @@ def check_y(y: Any, n_rows: int, owner: str) -> np.ndarray | da.Array:
     if y is None:
         raise ValueError(f"{owner} requires y to be passed, but the target y is None. "
                          "Pass the targets, shape (n_samples,) or (n_samples, n_targets).")
-    yv = as_rows(y, name="y", ndim=(1, 2)) if is_lazy(y) else _numpy_y(y)
+    yv = _lazy_y(y) if is_lazy(y) else _numpy_y(y)
     if yv.shape[0] != n_rows:
         raise ValueError(f"y has {yv.shape[0]} rows but X has {n_rows}; pass one target row "
                          "per sample of X.")
@@ -96,6 +105,12 @@ def _numpy_y(y: Any) -> np.ndarray:
     return check_magnitude(yn, "y")
 
 
+def _lazy_y(y: Any) -> da.Array:
+    """Dask or stored y, checked for non-finite and too large values as its chunks are read."""
+    yd = as_rows(y, name="y", ndim=(1, 2), check_finite=False)
+    return checked_values(yd, "y", magnitude_limit("y", yd.shape))
+
+
 def check_magnitude(a: np.ndarray, name: str) -> np.ndarray:
     """``a`` (finite float64, shape (n,) or (n, d)) if its sums of squares cannot overflow.
 
@@ -105,8 +120,7 @@ def check_magnitude(a: np.ndarray, name: str) -> np.ndarray:
     none of them overflows to inf, which the solvers would report as NaN, failed
     eigenvalue solves or a matrix that is not positive definite.
     """
-    count = a.shape[1] if name == "X" and a.ndim == 2 else a.size
-    limit = math.sqrt(np.finfo(np.float64).max / (4 * max(count, 1)))
+    limit = magnitude_limit(name, a.shape)
     big = np.abs(a) > limit
     if big.any():
         where = np.unravel_index(int(np.argmax(big)), a.shape)
@@ -117,6 +131,13 @@ def check_magnitude(a: np.ndarray, name: str) -> np.ndarray:
             f"{int(big.sum())} such entries). Rescale {name} (e.g. with "
             "sklearn.preprocessing.StandardScaler, or by a power of 10) and fit again.")
     return a
+
+
+def magnitude_limit(name: str, shape: tuple[int, ...]) -> float:
+    """The largest ``|value|`` of X (shape (n, d)) or y (any shape) whose sums of squares
+    cannot overflow float64: X's over its d columns, y's over all its entries."""
+    count = shape[1] if name == "X" and len(shape) == 2 else math.prod(shape)
+    return math.sqrt(np.finfo(np.float64).max / (4 * max(count, 1)))
 
 
 def finite_number(value: Any) -> float | None:
