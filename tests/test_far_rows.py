@@ -219,3 +219,73 @@ def test_kde_and_nadaraya_watson_with_one_far_training_row(far, where):
     want = np.exp(L - logsumexp(L, axis=1, keepdims=True)) @ t
     got = dkern.NadarayaWatson(bandwidth=h).fit(X, t).predict(Q)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------- k nearest neighbours
+# nearest_block selects candidates by the expanded form on centred rows and recomputes them
+# from differences. A far row must neither change the result (exact, ties to the lower
+# index) nor widen every pair's error bound: centred on Z's mean with one bound per row
+# from Z's largest norm, one row at 1e3 … 1e15 made every pair of the block a candidate.
+
+def knn_brute(Q, X, k):
+    """(distances, indices) of the k nearest rows of X: a stable argsort of the exact
+    squared differences, so rows at equal distance come in index order."""
+    D = ((Q[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    order = np.argsort(D, axis=1, kind="stable")[:, :k]
+    return np.sqrt(np.take_along_axis(D, order, 1)), order
+
+
+@pytest.mark.parametrize("where", ["z", "x", "both"])
+@pytest.mark.parametrize("far", [1e3, 1e9, 1e15])
+def test_kneighbors_with_one_far_row_equal_brute_force(far, where):
+    import dask.array as da
+
+    X, Z = layout(far, where)
+    k = 4
+    dist, ind = dkern.KNeighborsRegressor(n_neighbors=k).fit(
+        da.from_array(Z, chunks=8), np.zeros(len(Z))).kneighbors(X)
+    ref_dist, ref_ind = knn_brute(X, Z, k)
+    np.testing.assert_array_equal(ind, ref_ind)
+    # the distances of those indices, from the same differences: equal to rounding
+    np.testing.assert_allclose(dist, ref_dist, rtol=1e-14, atol=0)
+
+
+def _block_knn(X, Z, k, monkeypatch):
+    """nearest_block on one (X, Z) block, and the number of pairs it recomputed exactly
+    (the candidates every tile's mask search returns)."""
+    from dkern.backends import neighbors
+
+    search, count = neighbors._true_entries, [0]
+
+    def counting(mask):
+        rows, cols = search(mask)
+        count[0] += len(rows)
+        return rows, cols
+
+    monkeypatch.setattr(neighbors, "_true_entries", counting)
+    limit = neighbors.sample_bound(X, Z[:256], k=k)
+    index = np.arange(len(Z), dtype=np.float64)[:, None]
+    out = neighbors.nearest_block(X, Z, limit, index, k=k)
+    return np.sqrt(out[:, :k]), out[:, k:].astype(np.int64), count[0]
+
+
+@pytest.mark.parametrize("where", ["z", "x", "both"])
+@pytest.mark.parametrize("far", [1e3, 1e9, 1e15])
+def test_knn_block_recomputes_few_pairs_with_one_far_row(far, where, monkeypatch):
+    """A 300 × 2,500 block (three tiles of columns) recomputes about as many pairs as
+    without the far row: the far row's own pairs at most (one far query row may admit
+    all its columns), never the whole block."""
+    rng = np.random.default_rng(5)
+    X, Z, k = rng.normal(size=(300, 4)), rng.normal(size=(2500, 4)), 5
+    *_, ordinary = _block_knn(X, Z, k, monkeypatch)
+    direction = np.array([1.0, -0.5, 0.25, 2.0])
+    if where in ("z", "both"):
+        Z[1500] = far * direction + 0.1
+    if where in ("x", "both"):
+        X[17] = far * direction + 0.3
+    dist, ind, count = _block_knn(X, Z, k, monkeypatch)
+    ref_dist, ref_ind = knn_brute(X, Z, k)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_allclose(dist, ref_dist, rtol=1e-14, atol=0)
+    far_query_row = len(Z) if where in ("x", "both") else 0
+    assert count <= 1.2 * ordinary + far_query_row, (count, ordinary)

@@ -6,11 +6,19 @@ Euclidean distances, ascending, and global row indices: exact in float64 below 2
 :func:`merge_neighbors` merges such lists. Order is by (distance, index): of rows at
 equal distance the lower index comes first, whatever the chunking.
 
-Distances by ``‖x‖² + ‖z‖² − 2xᵀz`` (one BLAS product per tile) are off by up to
-``δ ≈ c·ε·(‖x‖² + ‖z‖²)``, which can reorder near neighbours. They only select
-candidates: every row within ``2δ`` of the tile's k-th smallest such value (a set that
-provably holds the tile's true k nearest), whose distances are then recomputed exactly
-from the differences ``x − z``. Every distance returned is exact for its index.
+Distances by ``‖x‖² + ‖z‖² − 2xᵀz`` (one BLAS product per tile, on rows centred on
+``c``) are off by up to ``δ_ij ≈ C·ε·(‖x_i − c‖² + ‖z_j − c‖²)``, which can reorder near
+neighbours. They only select candidates: every pair that could be within the row's
+k-th distance so far once its own ``δ_ij`` is allowed for (a set that provably holds
+the tile's true k nearest), whose distances are then recomputed exactly from the
+differences ``x − z``. Every distance returned is exact for its index.
+
+The bound is per pair, not per row, and ``c`` is a sampled coordinatewise median of the
+training rows (:func:`dkern.kernels.stationary._robust_centre`), not their mean: one far
+row (``1e9`` among ordinary ones) cannot move the centre, and its large norm widens the
+bound of its own pairs only. With a per-row bound built from the largest norm it made
+every pair of the tile a candidate (a 70× slower block). The per-pair margin costs
+nothing: it is folded into the coefficients of the same product.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.stationary import _robust_centre
 from .numpy_backend import single_threaded_blas
 
 __all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "nearest_block"]
@@ -32,9 +41,9 @@ TILE = (1024, 1024)
 RUN = 64
 #: Squared norms up to this select candidates in float32 (its range ends at 3.4e38).
 FLOAT32_SAFE = 1e30
-#: Bound on the error of ``‖x‖² + ‖z‖² − 2xᵀz − threshold`` (one augmented product) in units
-#: of ε(‖x‖² + ‖z‖²), per feature (rounding in the dot product grows with d); generous: a
-#: larger bound only adds candidates.
+#: Bound on the error of ``‖x‖² + ‖z‖² − 2xᵀz − threshold`` (one augmented product, on
+#: centred rows) in units of ε(‖x‖² + ‖z‖² + |threshold|), per feature (rounding in the dot
+#: product grows with d); generous: a larger bound only adds candidates.
 ERROR_PER_FEATURE = 16.0
 
 
@@ -68,7 +77,8 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
     best_idx = np.full((len(x), k), PAD_INDEX)
     if len(z) == 0:
         return np.hstack([best_sq, best_idx])
-    xa, za, delta = _augmented(x, z)
+    xa, za, hx, rel = _augmented(x, z)
+    cap = 4.0 * (hx + za[:, -2].max(initial=0.0))  # exceeds every distance (see _candidates)
     tile_rows, tile_cols = TILE
     with single_threaded_blas():
         for j0 in range(0, len(z), tile_cols):
@@ -76,7 +86,8 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
             for i0 in range(0, len(x), tile_rows):
                 part = slice(i0, i0 + tile_rows)
                 bound = np.minimum(best_sq[part, k - 1], limit[part, 0])
-                rows, cols = _candidates(xa[part], zat, delta[part], bound, k)
+                np.minimum(bound, cap[part], out=bound, where=np.isfinite(bound))
+                rows, cols = _candidates(xa[part], zat, hx[part], rel, bound, k)
                 if len(rows) == 0:
                     continue
                 hit, rows = np.unique(rows, return_inverse=True)  # merge these rows only
@@ -106,46 +117,55 @@ def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
     return out * (1 + 1e-12)  # a margin, should a block's sum round differently
 
 
-def _augmented(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows ``[−2x, 1, ‖x‖²]`` and ``[z, ‖z‖², 1]``, centred on z's mean (the error bound
-    scales with the centred norms), whose products are the approximate squared distances;
-    and each x row's bound δ on their error.
+def _augmented(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                      float]:
+    """Rows ``[−2x, 1, ‖x‖²]`` and ``[z, ‖z‖², 1]``, centred on a robust centre of z (the
+    error bound scales with the centred norms), whose products are the approximate squared
+    distances; the x rows' centred squared norms (float64); and the relative bound ``C·ε``
+    on the products' error: ``C·ε·(‖x − c‖² + ‖z − c‖² + |threshold|)`` per pair.
 
     They are float32 (twice the speed of float64 products, half the memory traffic) unless
     the norms would overflow it; the exact distances that order candidates are float64.
     """
-    centre = z.mean(axis=0)
+    centre = _robust_centre(z)
     xc, zc = x - centre, z - centre
     hx, hz = np.einsum("ij,ij->i", xc, xc), np.einsum("ij,ij->i", zc, zc)
     dtype = np.float32 if max(hx.max(), hz.max()) < FLOAT32_SAFE else np.float64
-    delta = ERROR_PER_FEATURE * (x.shape[1] + 2) * np.finfo(dtype).eps * (hx + hz.max())
+    rel = ERROR_PER_FEATURE * (x.shape[1] + 2) * float(np.finfo(dtype).eps)
     xa = np.hstack([-2.0 * xc, np.ones((len(xc), 1)), hx[:, None]]).astype(dtype)
     za = np.hstack([zc, hz[:, None], np.ones((len(zc), 1))]).astype(dtype)
-    return xa, za, delta
+    return xa, za, hx, rel
 
 
-def _candidates(xa: np.ndarray, zat: np.ndarray, delta: np.ndarray, bound: np.ndarray,
-                k: int) -> tuple[np.ndarray, np.ndarray]:
+def _candidates(xa: np.ndarray, zat: np.ndarray, hx: np.ndarray, rel: float,
+                bound: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, column) pairs of a tile that surely hold every column that can enter a row's
     k nearest so far, whose k-th exact squared distance is ``bound`` (inf: fewer than k).
 
-    ``xa`` (n, d + 2) and ``zat`` (d + 2, m) are a tile's augmented rows (:func:`_augmented`).
+    ``xa`` (n, d + 2) and ``zat`` (d + 2, m) are a tile's augmented rows, ``hx`` the rows'
+    centred squared norms and ``rel`` the products' relative error bound (:func:`_augmented`).
+    A finite ``bound`` may be capped at anything above every distance of the row
+    (``4 (h_x + max h_z)`` is, as ``‖x − z‖² ≤ 2 (h_x + h_z)``): it still admits every column.
     """
     m = zat.shape[1]
     short = np.isinf(bound)
     if m <= k and short.any():
         rows, cols = np.indices((len(xa), m))
         return rows.ravel(), cols.ravel()
-    # a column enters only if its exact distance is at most the bound, so its approximate
-    # one is at most bound + δ; rows without k so far take the tile's k nearest for sure:
-    # everything within 2δ of its k-th approximate distance
-    threshold = bound + delta
-    if short.any():
-        approx = xa[short] @ zat  # ‖x‖² + ‖z‖² − 2xᵀz
-        kth = np.partition(approx, k - 1, axis=1)[:, k - 1]
-        threshold[short] = kth + 2 * delta[short]
+    # Computed products A_ij = h_x + h_z − 2 x·z − t_i differ from ‖x − z‖² − t_i by at most
+    # e_ij = rel (h_x + h_z + |t_i|). A column enters only if its exact distance is at most
+    # the bound t_i, so only if A_ij − e_ij ≤ 0: folded into the product as the coefficients
+    # (1 − rel) of h_x and h_z and (1 + rel) of t_i, one comparison per pair, at no extra cost.
+    threshold = bound.copy()
+    if short.any():  # the tile's k-th distance is at most the k-th smallest D_ij + 2 e_ij
+        up = xa[short].copy()  # (an upper bound on each pair's distance): use that bound
+        up[:, -2] = 1.0 + 2.0 * rel
+        up[:, -1] = (1.0 + 2.0 * rel) * hx[short]
+        upper = up @ zat
+        threshold[short] = np.partition(upper, k - 1, axis=1)[:, k - 1]
     shifted = xa.copy()
-    shifted[:, -1] -= threshold  # ... minus the threshold: one product, one comparison
+    shifted[:, -2] = 1.0 - rel
+    shifted[:, -1] = (1.0 - rel) * hx - threshold - rel * np.abs(threshold)
     return _true_entries((shifted @ zat) <= 0.0)
 
 
