@@ -14,7 +14,7 @@ the tile's true k nearest), whose distances are then recomputed exactly from the
 differences ``x − z``. Every distance returned is exact for its index.
 
 The bound is per pair, not per row, and ``c`` is a sampled coordinatewise median of the
-training rows (:func:`dkern.kernels.stationary._robust_centre`), not their mean: one far
+training rows (:func:`dkern.kernels.stationary.robust_centre`), not their mean: one far
 row (``1e9`` among ordinary ones) cannot move the centre, and its large norm widens the
 bound of its own pairs only. With a per-row bound built from the largest norm it made
 every pair of the tile a candidate (a 70× slower block). The per-pair margin costs
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.stationary import _robust_centre
+from ..kernels.stationary import robust_centre
 from .numpy_backend import single_threaded_blas
 
 __all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "nearest_block"]
@@ -127,7 +127,7 @@ def _augmented(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     They are float32 (twice the speed of float64 products, half the memory traffic) unless
     the norms would overflow it; the exact distances that order candidates are float64.
     """
-    centre = _robust_centre(z)
+    centre = robust_centre(z)
     xc, zc = x - centre, z - centre
     hx, hz = np.einsum("ij,ij->i", xc, xc), np.einsum("ij,ij->i", zc, zc)
     dtype = np.float32 if max(hx.max(), hz.max()) < FLOAT32_SAFE else np.float64

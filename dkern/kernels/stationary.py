@@ -118,7 +118,7 @@ class Stationary(Kernel):
         square = X is Z  # k(X): its diagonal pairs are x with itself
         X, Z = X.astype(dtype, copy=False), Z.astype(dtype, copy=False)
         ell = self._lengthscale(X)
-        centre = _robust_centre(Z)
+        centre = robust_centre(Z)
         Xs, Zs = (X - centre) / ell, (Z - centre) / ell
         hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)
         hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
@@ -302,7 +302,7 @@ def _cancelled_pairs(G: Array, hx: Array, hz: Array, near: float,
     return rows[r[keep]], cols[c[keep]]
 
 
-def _robust_centre(Z: Array) -> Array:
+def robust_centre(Z: Array) -> Array:
     """A coordinatewise (lower) median of at most ``CENTRE_SAMPLE`` evenly spaced rows of Z.
 
     Any centre gives correct distances (the pairs it leaves far from it are
