@@ -4,6 +4,7 @@ chunks cannot fit beside the memory an idle worker already holds."""
 import http.server
 import logging
 import socket
+import struct
 import threading
 import time
 
@@ -99,6 +100,61 @@ def test_connect_to_a_silent_tcp_server_is_refused_in_bounded_time(silent_port,
     assert isinstance(error, NotASchedulerError)
     assert address in str(error) and "sent nothing in 10 s" in str(error)
     record_figures("connect_not_a_scheduler", silent_server_error_s=round(elapsed, 2))
+
+
+@pytest.fixture(params=["garbage frames", "frame header only"])
+def imitating_port(request):
+    """A TCP server that sends what opens like a Dask frame (total length, one frame of 100
+    bytes), then garbage or nothing: the prelude alone passed the first probe, after which
+    distributed's client waited without end."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    prelude = struct.pack("<QQQ", 16 + 100, 1, 100)
+    body = b"\xff" * 100 if request.param == "garbage frames" else b""
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn = listener.accept()[0]
+            except OSError:  # closed at teardown
+                return
+            accepted.append(conn)
+            conn.sendall(prelude + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1]
+    listener.close()
+    for conn in accepted:
+        conn.close()
+
+
+def test_connect_to_a_server_imitating_the_framing_is_refused(imitating_port):
+    address = f"tcp://127.0.0.1:{imitating_port}"
+    error, elapsed = _connect_outcome(address)
+    assert isinstance(error, NotASchedulerError), error
+    assert address in str(error)
+    assert elapsed < CONNECT_BOUND_S
+
+
+def test_connect_to_a_tls_server_on_a_tcp_address_hints_at_tls():
+    """A server that closes without a word (as Python's TLS servers do on plain text)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                return
+            conn.recv(1024)
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        error, _ = _connect_outcome(f"tcp://127.0.0.1:{listener.getsockname()[1]}")
+    finally:
+        listener.close()
+    assert isinstance(error, NotASchedulerError) and "tls://" in str(error), error
 
 
 def test_connect_to_a_closed_port_retries_for_the_connect_timeout():

@@ -324,3 +324,58 @@ def remove_tree(top):
                     os.unlink(item.path)
     for folder in reversed(folders):
         os.rmdir(folder)
+
+
+def test_local_fsspec_urls_get_the_same_link_checks(tmp_path):
+    """``local://`` (fsspec's local file system) was not recognised as local disk, so a
+    symlinked ``.dkern`` was cleaned through."""
+    url = str(tmp_path / "s.zarr")
+    target = victim(tmp_path)
+    write_array(np.zeros((10, 2)), url, "X")
+    forge(url, lambda p: p.update(arrays={}))
+    shutil.rmtree(Path(url, ".dkern"))
+    Path(url, ".dkern").symlink_to(target)
+    for spelling in (f"local://{url}", f"file://{url}"):
+        with pytest.raises(StoreError, match="symbolic link"):
+            clean_store(spelling, min_age=0)
+    assert intact(target)
+
+
+def test_a_symlinked_group_is_neither_read_written_nor_cleaned(tmp_path):
+    """A group folder that is a link to another store: nothing there is listed as this
+    store's, written, or removed."""
+    other = str(tmp_path / "other.zarr")
+    write_array(np.ones(4), other, "X")
+    keep = Path(other, ".dkern", "backup_of_old_model")
+    keep.mkdir()
+    (keep / "notes.txt").write_text("keep me")
+    url = str(tmp_path / "s.zarr")
+    write_array(np.zeros(3), url, "Y")
+    Path(url, "g").symlink_to(other)
+    with pytest.raises(StoreError, match="symbolic link"):
+        clean_store(url, min_age=0)
+    with pytest.raises(StoreError, match="symbolic link"):
+        write_array(np.zeros(3), url, "g/Z")
+    with pytest.raises(StoreError, match="symbolic link"):
+        open_array(url, "g/X")
+    report = check_store(url)
+    assert not report.ok and "g/X" not in report.arrays, report
+    assert (keep / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in Path(other).iterdir()) == [".dkern", "zarr.json"]
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b"])
+def test_entries_named_as_no_array_can_be_are_refused(tmp_path, name):
+    """An entry named '..' (its path '.dkern/<v>/..') passed, and superseding it deleted the
+    whole version tree, the version just published included."""
+    url = str(tmp_path / "s.zarr")
+    write_array(np.zeros(3), url, "X")
+
+    def add(pointer):
+        entry = dict(pointer["arrays"]["X"])
+        entry["path"] = entry["path"].rpartition("/")[0] + "/" + name
+        pointer["arrays"][name] = entry
+    forge(url, add)
+    with pytest.raises(StoreError, match="a name dkern never writes"):
+        write_arrays(url, {"Y": np.ones(3)}, replace_all=True, overwrite=True)
+    assert Path(url, entry_of(url, "X")["path"]).exists()

@@ -41,6 +41,7 @@ import zarr.errors
 from crc32c import crc32c
 from dask.base import tokenize
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
@@ -207,7 +208,12 @@ def check_entries(arrays: Any, url: str, group: str) -> None:
     """
     if not isinstance(arrays, dict):
         _refuse(url, group, f"its 'arrays' table is a {type(arrays).__name__}, not a mapping")
+    base = local_dir(url, "")
+    if base is not None:
+        check_no_links(url, group, base, group.split("/") if group else [])
     for name, entry in arrays.items():
+        if not isinstance(name, str) or not name or "/" in name or reserved_name(name):
+            _refuse(url, group, f"it lists an array named {name!r}, a name dkern never writes")
         if not isinstance(entry, dict) or any(
                 not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool)
                 for key, kind in ENTRY_FIELDS.items()):
@@ -218,19 +224,30 @@ def check_entries(arrays: Any, url: str, group: str) -> None:
         if top != VERSIONS_DIR or FOLDER_NAME.fullmatch(version) is None or leaf != name:
             _refuse(url, group, f"entry {name!r} names the path {entry['path']!r}; dkern only "
                                 f"writes '{VERSIONS_DIR}/<UTC time>-<16 hex digits>/{name}'")
-        base = local_dir(url, group)
         if base is not None:
-            _check_no_links(url, group, base, [VERSIONS_DIR, version, name])
+            check_no_links(url, group, local_dir(url, group) or base,
+                           [VERSIONS_DIR, version, name])
 
 
-def _check_no_links(url: str, group: str, base: str, parts: list[str]) -> None:
-    """Refuse a symbolic link at any of ``base/parts[0]``, ``base/parts[0]/parts[1]``, …"""
+def reserved_name(name: str) -> bool:
+    """Whether a name clashes with zarr's or dkern's own files in a group's folder."""
+    return name.startswith((".", "__", "zarr.")) or name.endswith(".partial")
+
+
+def check_no_links(url: str, group: str, base: str, parts: list[str]) -> None:
+    """Refuse (StoreError) a symbolic link at any of ``base/parts[0]``,
+    ``base/parts[0]/parts[1]``, …: a group folder, version folder or array folder that is
+    a link would lead reads, writes and deletes out of the store."""
     path = base
     for part in parts:
         path = os.path.join(path, part)
         if os.path.islink(path):
-            _refuse(url, group, f"{path!r} is a symbolic link (to {os.readlink(path)!r}); "
-                                "dkern never writes links, and follows none out of a store")
+            raise StoreError(
+                f"{where(url, group)}: {path!r} is a symbolic link (to {os.readlink(path)!r}). "
+                "dkern never writes links, and reads, writes and deletes nothing through one "
+                "(it could lead outside the store). Replace the link by the folder it points "
+                "to, after checking what that holds."
+            )
 
 
 def _refuse(url: str, group: str, problem: str) -> None:
@@ -243,10 +260,14 @@ def _refuse(url: str, group: str, problem: str) -> None:
 
 
 def local_dir(url: str, group: str) -> str | None:
-    """The group's folder when the store is on local disk; None for other fsspec URLs."""
-    if "://" in url and not url.startswith("file://"):
-        return None
-    return os.path.join(url.removeprefix("file://"), group)
+    """The group's folder when the store is on local disk (a path, or any fsspec URL of
+    the local file system: ``file://``, ``local://``); None for other fsspec URLs."""
+    if "://" in url or "::" in url:
+        fs, path = url_to_fs(url)
+        if not isinstance(fs, LocalFileSystem):
+            return None
+        url = path
+    return os.path.join(url, group)
 
 
 def checksum(pointer: dict[str, Any]) -> str:

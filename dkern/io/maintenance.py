@@ -33,6 +33,7 @@ from dkern.io._store import (
     FOLDER_NAME,
     VERSIONS_DIR,
     Url,
+    check_no_links,
     local_dir,
     open_group,
     plain_members,
@@ -257,14 +258,9 @@ def _orphans(
         The group's version folder is a symbolic link: listing it would list (and a clean
         would delete) another folder's contents.
     """
-    base = local_dir(url, group)
-    if base is not None and os.path.islink(os.path.join(base, VERSIONS_DIR)):
-        link = os.path.join(base, VERSIONS_DIR)
-        raise StoreError(
-            f"{where(url, group)}: its version folder {link!r} is a symbolic link (to "
-            f"{os.readlink(link)!r}); dkern never writes one, and lists and removes nothing "
-            "through it. Remove the link yourself, after checking what it points to."
-        )
+    root = local_dir(url, "")
+    if root is not None:  # a group folder or version folder that is a link leads elsewhere
+        check_no_links(url, group, root, [*(group.split("/") if group else []), VERSIONS_DIR])
     store = _store.make_store(url, read_only=True)
     prefix = f"{group}/" if group else ""
     in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}

@@ -58,6 +58,7 @@ from dkern.io._store import (
     read_name,
     read_pointer,
     remove_created,
+    reserved_name,
     sealed,
     where,
 )
@@ -169,7 +170,7 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
             "Pass e.g. {'X': X}."
         )
     for name in arrays:
-        if not isinstance(name, str) or not name or "/" in name or _reserved(name):
+        if not isinstance(name, str) or not name or "/" in name or reserved_name(name):
             raise ValueError(
                 f"array names must be non-empty strings without '/' that start with neither "
                 f"'.', '__' nor 'zarr.' and do not end in '.partial' (names zarr and dkern "
@@ -185,7 +186,7 @@ def _checked_group(group: str) -> str:
     if not isinstance(group, str):
         raise TypeError(f"group must be a str such as 'models/krr'; got {type(group).__name__}.")
     parts = group.strip("/").split("/") if group.strip("/") else []
-    bad = [p for p in parts if not p or _reserved(p)]
+    bad = [p for p in parts if not p or reserved_name(p)]
     if bad:
         raise ValueError(
             f"group path components must be non-empty, start with neither '.', '__' nor "
@@ -194,11 +195,6 @@ def _checked_group(group: str) -> str:
             "'zarr.json' is a group's metadata file, '*.partial' a killed write's leftover."
         )
     return "/".join(parts)
-
-
-def _reserved(name: str) -> bool:
-    """Whether a name clashes with zarr's or dkern's own files in a group's folder."""
-    return name.startswith((".", "__", "zarr.")) or name.endswith(".partial")
 
 
 def _checked_attrs(attrs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import struct
 import time
 
 from distributed.comm.addressing import parse_address, parse_host_port
+from distributed.protocol import loads
+from distributed.protocol.utils import unpack_frames
 
 __all__ = ["QUIET_SECONDS", "SILENCE_SECONDS", "NotASchedulerError", "probe_scheduler"]
 
@@ -65,8 +67,8 @@ def probe_scheduler(address: str, connect_timeout: float) -> None:
     host, port = parse_host_port(location, default_port=8786)
     with _open(host, port, connect_timeout) as sock:
         answer = _answer(sock)
-    if _is_dask_handshake(answer):
-        return
+        if _is_dask_handshake(sock, answer):
+            return
     raise NotASchedulerError(f"{address!r} is not a Dask scheduler: {_describe(answer)}. "
                              f"Check the address and port (a scheduler's default port is "
                              f"8786; the dashboard's, 8787, serves HTTP).")
@@ -113,19 +115,36 @@ def _read(sock: socket.socket, seconds: float) -> bytes | None:
         return b""
 
 
-def _is_dask_handshake(answer: bytes | None) -> bool:
-    """Whether ``answer`` opens as distributed frames its messages: the total length, the
-    number of frames and their lengths, as little-endian uint64 (``pack_frames_prelude``)."""
+def _is_dask_handshake(sock: socket.socket, answer: bytes | None) -> bool:
+    """Whether the peer sent a whole Dask handshake: distributed's framing (the total
+    length, the number of frames and their lengths, little-endian uint64) around a msgpack
+    message naming the peer's pickle protocol. Read within ``SILENCE_SECONDS``, at most
+    1 MiB, decoded without deserialising any object: a server that only imitates the
+    framing is refused here, where distributed's client would wait for it without end."""
     if answer is None or len(answer) < 16:
         return False
     total, n_frames = struct.unpack_from("<QQ", answer)
-    return 1 <= n_frames <= 64 and 8 * (n_frames + 1) <= total <= 2**20
+    if not (1 <= n_frames <= 64 and 8 * (n_frames + 1) <= total <= 2**20):
+        return False
+    deadline, data = time.monotonic() + SILENCE_SECONDS, answer
+    while len(data) < 8 + total:
+        more = _read(sock, max(0.0, deadline - time.monotonic()))
+        if not more:
+            return False
+        data += more
+    try:
+        message = loads(unpack_frames(data[8:8 + total]), deserialize=False)
+    except Exception:  # whatever the bytes, they are not a handshake
+        return False
+    return isinstance(message, dict) and "pickle-protocol" in message
 
 
 def _describe(answer: bytes | None) -> str:
     """What answered, for the error message."""
     if answer == b"":
-        return "it accepted the connection and closed it without a word"
+        return ("it accepted the connection and closed it without a word (as a TLS server "
+                "does when spoken to in plain text: a TLS scheduler's address starts with "
+                "tls://)")
     if answer is None:
         return (f"it accepted the connection but sent nothing in {SILENCE_SECONDS:.0f} s, "
                 f"not even in answer to an HTTP request")
@@ -135,4 +154,5 @@ def _describe(answer: bytes | None) -> str:
         return f"an HTTP server answered ({head[0]}{'; ' + server if server else ''})"
     if answer[:2] == b"\x15\x03":  # a TLS alert record, the answer to a plain-text request
         return "a TLS server answered; a TLS scheduler's address starts with tls://"
-    return f"it answered {answer[:40]!r}, which is not a Dask handshake"
+    return (f"it answered {answer[:40]!r}, which is not (or not all of) a Dask scheduler's "
+            "handshake")
