@@ -18,6 +18,7 @@ import pytest
 import dkern
 from dkern import GaussianProcessRegressor, KernelLogisticRegression, KernelRidge
 from dkern.errors import MemoryLimitError, StoreError
+from dkern.kernels import Linear, Polynomial, exp
 
 pytestmark = pytest.mark.usefixtures("sync_scheduler")
 
@@ -210,3 +211,19 @@ def test_large_targets_below_the_bound_still_fit(solver):
 def test_lazy_values_whose_squares_overflow_are_refused_naming_the_entry(tmp_path, fit, message):
     with dask.config.set(scheduler="synchronous"), pytest.raises(ValueError, match=message):
         fit(tmp_path)
+
+
+@pytest.mark.parametrize("fit", [  # before: 'V contains NaN or Inf', 'pvals < 0', NaN output
+    lambda Xb: KernelRidge(Polynomial(degree=3), solver="exact").fit(Xb, Y),
+    lambda Xb: KernelRidge(Polynomial(degree=3), solver="cg").fit(Xb, Y),
+    lambda Xb: GaussianProcessRegressor(Polynomial(degree=3), optimizer=None).fit(Xb, Y),
+    lambda Xb: KernelRidge(exp(Linear()), solver="exact").fit(Xb / 1e58, Y),
+])
+def test_kernel_values_that_overflow_are_refused_naming_the_kernel(fit):
+    """Finite inputs under the magnitude bound whose kernel values still overflow: a cubic
+    of 1e60 (whose square passes), the exponential of a large inner product."""
+    Xb = X.copy()
+    Xb[3] = 1e60
+    with dask.config.set(scheduler="synchronous"), pytest.raises(
+            ValueError, match=r"overflows float64 .* Rescale the features"):
+        fit(Xb)

@@ -17,7 +17,9 @@ Data blocks are positional and the kernel a keyword, as
 :func:`~dkern.operators.pairwise.pairwise_reduce` calls block functions.
 Reductions come back in float64 whatever the input precision; dense blocks and
 diagonals keep x's dtype. Every method runs BLAS single-threaded: dask runs
-tasks side by side, one per core.
+tasks side by side, one per core. Kernels refuse values that overflow
+(:func:`dkern.kernels.base.finite_values`); the products here are checked too (a
+pass over their small output), as a sum of finite kernel values may still overflow.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import Kernel
+from ..kernels.base import finite_values
 from .keops_backend import matvec_block_keops
 from .normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from .numpy_backend import matvec_block_numpy, single_threaded_blas
@@ -40,12 +43,12 @@ class NumpyBlocks:
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
         """``kernel(x, z) @ v``; shape (n_i, t), float64."""
-        return matvec_block_numpy(kernel, x, z, v)
+        return finite_values(matvec_block_numpy(kernel, x, z, v), kernel)
 
     def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
         """``kernel(x, c)ᵀ (kernel(x, c) @ v)``; shape (M, t), float64."""
-        return normal_matvec_block_numpy(kernel, x, c, v)
+        return finite_values(normal_matvec_block_numpy(kernel, x, c, v), kernel)
 
     def kernel_block(self, x: np.ndarray, z: np.ndarray, *, kernel: Kernel) -> np.ndarray:
         """The dense block ``kernel(x, z)``; shape (n_i, m_j), x's dtype."""
@@ -68,11 +71,11 @@ class KeopsBlocks(NumpyBlocks):
 
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
-        return matvec_block_keops(kernel, x, z, v)
+        return finite_values(matvec_block_keops(kernel, x, z, v), kernel)
 
     def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
-        return normal_matvec_block_keops(kernel, x, c, v)
+        return finite_values(normal_matvec_block_keops(kernel, x, c, v), kernel)
 
 
 BlockBackend = NumpyBlocks  # the interface every backend's blocks implement

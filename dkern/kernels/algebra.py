@@ -27,6 +27,7 @@ from .base import (
     as_pair,
     check_bounds,
     check_integer,
+    finite_values,
     format_bounds,
     is_default_bounds,
 )
@@ -132,11 +133,13 @@ class Product(_Binary):
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.k1(X, Z)
-        K *= self.k2(X, Z)
-        return K
+        with np.errstate(over="ignore"):  # overflow is reported by finite_values
+            K *= self.k2(X, Z)
+        return finite_values(K, self)
 
     def diag(self, X: Array) -> Array:
-        return self.k1.diag(X) * self.k2.diag(X)
+        with np.errstate(over="ignore"):
+            return finite_values(self.k1.diag(X) * self.k2.diag(X), self)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.k1.keops_formula(X, Z) * self.k2.keops_formula(X, Z)
@@ -164,10 +167,12 @@ class Power(Kernel):
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
-        return np.power(K, int(self.power), out=K)
+        with np.errstate(over="ignore"):  # overflow is reported by finite_values
+            return finite_values(np.power(K, int(self.power), out=K), self)
 
     def diag(self, X: Array) -> Array:
-        return self.kernel.diag(X) ** int(self.power)
+        with np.errstate(over="ignore"):
+            return finite_values(self.kernel.diag(X) ** int(self.power), self)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.kernel.keops_formula(X, Z) ** int(self.power)
@@ -193,10 +198,12 @@ class Exp(Kernel):
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
-        return fastexp.exp(K, out=K)
+        with np.errstate(over="ignore"):  # overflow is reported by finite_values
+            return finite_values(fastexp.exp(K, out=K), self)
 
     def diag(self, X: Array) -> Array:
-        return np.exp(self.kernel.diag(X))
+        with np.errstate(over="ignore"):
+            return finite_values(np.exp(self.kernel.diag(X)), self)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.kernel.keops_formula(X, Z).exp()

@@ -227,6 +227,20 @@ class Kernel:
         raise NotImplementedError
 
 
+def finite_values(K: Array, kernel: Kernel) -> Array:
+    """``K`` if every value is finite, else ValueError: for finite inputs (checked where
+    they are read) the kernel's values overflowed float64, as a polynomial, product, power
+    or exponential of large values can. Said here, not as NaN several steps later in a
+    solver."""
+    if np.isfinite(K).all():
+        return K
+    raise ValueError(
+        f"the kernel {kernel!r} overflows float64 on these inputs: some of its values are "
+        "infinite. Rescale the features (e.g. with sklearn.preprocessing.StandardScaler), "
+        "or use a kernel of lower degree."
+    )
+
+
 def format_param(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return repr(value.tolist())

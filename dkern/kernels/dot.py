@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Array, Kernel, as_pair, check_integer
+from .base import Array, Kernel, as_pair, check_integer, finite_values
 
 
 class Linear(Kernel):
@@ -15,11 +15,11 @@ class Linear(Kernel):
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
-        return X @ Z.T
+        return finite_values(X @ Z.T, self)
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
-        return np.einsum("ij,ij->i", X, X)
+        return finite_values(np.einsum("ij,ij->i", X, X), self)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         from pykeops.numpy import LazyTensor
@@ -54,11 +54,14 @@ class Polynomial(Kernel):
         X, Z = as_pair(X, Z)
         K = X @ Z.T
         K += self.c
-        return _int_power(K, int(self.degree))
+        with np.errstate(over="ignore"):  # overflow is reported by finite_values
+            return finite_values(_int_power(K, int(self.degree)), self)
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
-        return _int_power(np.einsum("ij,ij->i", X, X) + self.c, int(self.degree))
+        with np.errstate(over="ignore"):
+            return finite_values(
+                _int_power(np.einsum("ij,ij->i", X, X) + self.c, int(self.degree)), self)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         from pykeops.numpy import LazyTensor
