@@ -379,3 +379,21 @@ def test_entries_named_as_no_array_can_be_are_refused(tmp_path, name):
     with pytest.raises(StoreError, match="a name dkern never writes"):
         write_arrays(url, {"Y": np.ones(3)}, replace_all=True, overwrite=True)
     assert Path(url, entry_of(url, "X")["path"]).exists()
+
+
+@pytest.mark.parametrize("what", ["chunk", "metadata"])
+def test_links_inside_an_array_folder_are_refused(tmp_path, what):
+    """A chunk file or an array's zarr.json replaced by a link to a copy outside the store
+    read fine (their bytes pass the checks); dkern reads nothing through a link."""
+    url = str(tmp_path / "s.zarr")
+    write_array(np.arange(20.0).reshape(10, 2), url, "X", chunk_rows=5)
+    path = chunk(url, "X", (1, 0)) if what == "chunk" else Path(
+        url, entry_of(url, "X")["path"], "zarr.json")
+    copy = tmp_path / "outside"
+    shutil.copyfile(path, copy)
+    path.unlink()
+    path.symlink_to(copy)
+    with pytest.raises(StoreError, match="symbolic link"):
+        open_array(url, "X")
+    code = check_store(url)
+    assert not code.ok and "symbolic link" in code.damage[0]

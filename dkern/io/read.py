@@ -23,6 +23,8 @@ from dkern.io._store import (
     MissingChunk,
     StrictChunkStore,
     Url,
+    check_no_links,
+    local_dir,
     make_store,
     open_group,
     plain_members,
@@ -286,7 +288,7 @@ def _check_chunks_present(store: Any, z: zarr.Array, url: str, label: str) -> No
     chunk. Checked before any task is built: a small file claiming millions of chunks
     (each a dask task) is refused for what it lacks, not once the graph fills memory;
     the listing costs what the files present cost, whatever the claim."""
-    present = set(sync(_keys(store.list_prefix(f"{z.path}/c/"))))
+    present = _chunk_keys(store, url, z.path)
     if len(present) >= z.nchunks:
         return
     missing = []
@@ -305,6 +307,32 @@ def _check_chunks_present(store: Any, z: zarr.Array, url: str, label: str) -> No
         f"metadata claims. Nothing was read. The store is damaged (or was forged): check "
         f"it with `dkern fsck {url}` and rewrite the array from its source."
     )
+
+
+def _chunk_keys(store: Any, url: str, path: str) -> set[str]:
+    """The keys of the chunk files present under ``<path>/c/``. On local disk, listed
+    without following links, and StoreError for a link among them or at the array's
+    metadata: dkern never writes one, and reads nothing through one."""
+    base = local_dir(url, "")
+    if base is None:
+        return set(sync(_keys(store.list_prefix(f"{path}/c/"))))
+    check_no_links(url, "", base, [*path.split("/"), "zarr.json"])
+    keys, pending = set(), [f"{path}/c"]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(os.path.join(base, folder)))
+        except FileNotFoundError:  # no chunk written yet
+            continue
+        for entry in entries:
+            key = f"{folder}/{entry.name}"
+            if entry.is_symlink():
+                check_no_links(url, "", base, key.split("/"))
+            elif entry.is_dir():
+                pending.append(key)
+            else:
+                keys.add(key)
+    return keys
 
 
 async def _keys(items: Any) -> list[str]:
