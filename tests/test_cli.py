@@ -221,7 +221,7 @@ def test_a_killed_worker_is_one_message_with_the_fix(capsys, monkeypatch):
         raise KilledWorker("('dkern-kernel-blocks-1', 0, 0)",
                            SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
 
-    monkeypatch.setattr(cli, "_info", dies)
+    monkeypatch.setattr(cli.info, "run", dies)
     code, out, err = run(capsys, "info", "--quiet")
     assert code == 1 and out == "" and len(err.strip().splitlines()) == 1
     assert "out of memory" in err and "memory_limit" in err

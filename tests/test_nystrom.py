@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.linalg as sla
 
-from dkern.backends.normal import normal_matvec_block_keops, normal_matvec_block_numpy
+from dkern.backends.nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError
 from dkern.kernels import Gaussian, Laplacian
 from dkern.operators.nystrom import NystromOperator

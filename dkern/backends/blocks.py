@@ -29,8 +29,8 @@ import numpy as np
 from ..kernels import Kernel
 from ..kernels.base import finite_values
 from .keops_backend import matvec_block_keops
-from .normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from .numpy_backend import matvec_block_numpy, single_threaded_blas
+from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "block_backend"]
 

@@ -1,0 +1,193 @@
+"""What the subcommands share: option types and parent parsers, the cluster a
+command runs on, the stores it compares, and how a run ends (report, error, exit code).
+
+Usage errors go through ``args.usage_error`` (the subcommand parser's ``error``:
+exit 2); failures dkern diagnosed are exceptions that :func:`run_command` turns
+into one line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from distributed import KilledWorker
+
+from ..errors import DkernError
+
+# --- options ---------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text}")
+    return value
+
+
+def parent_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The options every subcommand takes (output, logging), and those of the commands
+    that run on a cluster (where it is, how many workers)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO level, and show the embedded cluster's worker logs")
+    cluster = argparse.ArgumentParser(add_help=False)
+    cluster.add_argument("--scheduler", default=None,
+                         help="Dask scheduler address (default: $DKERN_SCHEDULER_ADDRESS, "
+                              "else an embedded LocalCluster)")
+    cluster.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
+                         help="worker processes of the embedded LocalCluster")
+    return common, cluster
+
+
+def solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
+                     alpha_help: str = "ridge penalty, (K + alpha I)") -> None:
+    """--alpha, --tol and --backend, added to each command that solves. Each parser gets
+    its own actions: with a shared parent parser, one command's default changed the
+    other's (demo's tol=1e-3 became fit's)."""
+    parser.add_argument("--alpha", type=float, default=1e-3, help=alpha_help)
+    parser.add_argument("--tol", type=float, default=tol, help="relative residual to reach")
+    parser.add_argument("--backend", choices=["auto", "numpy", "keops"], default="auto")
+
+
+# --- the cluster -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cluster_client(args: argparse.Namespace) -> Iterator[Any]:
+    """``dkern.connect`` for the run, closed (with its embedded cluster) after."""
+    from ..runtime import connect
+
+    kwargs = {} if args.scheduler else {
+        "n_workers": args.workers,
+        # Worker logs would repeat a task's error as a traceback before the message
+        # run_command() prints; -v shows them.
+        "silence_logs": logging.WARNING if args.verbose else logging.CRITICAL}
+    if not args.verbose:  # a Ctrl-C'd gather logs "Task exception was never retrieved"
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    with _ctrl_c_ignored_by_new_processes():
+        client = connect(args.scheduler, **kwargs)
+    try:
+        yield client
+    finally:
+        cluster = client.cluster
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored_by_new_processes() -> Iterator[None]:
+    """Ignore SIGINT while the embedded cluster starts, so its worker processes ignore it.
+
+    Ctrl-C in a terminal signals the whole process group, and each worker would print
+    a KeyboardInterrupt traceback; they stop when the command closes the cluster. An
+    ignored signal stays ignored across ``exec``, and Python then installs no handler.
+    The cost: a Ctrl-C during the cluster's start (seconds) is lost, and a worker that
+    the nanny restarts later does not inherit this.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# --- stores ----------------------------------------------------------------------------
+
+
+def overlapping(a: str, b: str) -> bool:
+    """Whether two store paths or URLs name the same store or one lies inside the other."""
+    from ..io import path_within, store_location
+
+    a, b = store_location(a), store_location(b)
+    return path_within(a, b) or path_within(b, a)
+
+
+def rmse(store: str, pred: str, truth: str) -> float:
+    """Root mean squared error of two stored arrays, computed chunk by chunk."""
+    import dask.array as da
+
+    from ..io import open_array
+
+    predicted, true = open_array(store, pred), open_array(store, truth)
+    if predicted.shape != true.shape:  # never let them broadcast into an m x m difference
+        raise ValueError(f"--y {truth!r} has shape {true.shape}, the predictions {pred!r} "
+                         f"{predicted.shape}; pass the true values for the rows of --x.")
+    return float(da.sqrt(((predicted - true) ** 2).mean()).compute())
+
+
+# --- how a run ends --------------------------------------------------------------------
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand (``args.run``) and print its report; the exit code."""
+    run: Callable[[argparse.Namespace], dict[str, Any]] = args.run
+    try:
+        report = run(args)
+    except (DkernError, ValueError, TypeError, OSError) as err:  # OSError: paths, network
+        # The library names its keyword argument; here it is a flag.
+        message = str(err).replace("overwrite=True", "--overwrite")
+        print(f"dkern {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(_interrupted(args), file=sys.stderr)
+        return 130  # 128 + SIGINT, as shells report a command ended by Ctrl-C
+    except KilledWorker as err:
+        print(f"dkern {args.command}: error: a Dask worker died while running a task ({err}); "
+              "the usual cause is a worker out of memory. Give the workers more memory "
+              "(their memory_limit), or use smaller row chunks.", file=sys.stderr)
+        return 1
+    _print_report(report, args)
+    if report.get("damage"):  # `dkern fsck` found damage: the report says what
+        print(f"dkern {args.command}: error: {args.url!r} is damaged (see damage) and nothing "
+              "was removed; rewrite what is named from its source, then run it again.",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_report(report: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif not args.quiet:
+        for key, value in report.items():
+            print(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """The one line printed after a Ctrl-C: what state the written store is in.
+
+    A command that writes a store names the attribute of its flag as the parser
+    default ``written_store``."""
+    message = f"dkern {args.command}: interrupted"
+    store = getattr(args, getattr(args, "written_store", ""), None)
+    if store is None:  # demo without --store: its temporary folder was removed
+        return message
+    message += (f"; writes are published atomically, so {store!r} holds no half-written "
+                f"array (`dkern fsck {store} --clean` removes the interrupted write's "
+                "leftovers)")
+    if getattr(args, "checkpoint", None) is not None:
+        message += "; run the same command again to resume from its last checkpoint"
+    return message
