@@ -17,7 +17,7 @@ import dkern
 from dkern import GaussianProcessRegressor
 from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError
 from dkern.kernels import Gaussian, Matern, Scaled
-from dkern.models import _gp_fit, _gp_methods, _gp_optimize, gaussian_process
+from dkern.models import _gp_optimize, gaussian_process
 from dkern.solvers.lanczos import LanczosResult, lanczos_predict
 
 # Output scale, lengthscale and noise variance of the fixed-hyperparameter comparisons.
@@ -210,7 +210,7 @@ def test_lanczos_std_is_one_sided_and_within_its_measured_bound(lanczos_model):
     """
     mean, std = reference(2000)
     gp, (got_mean, std_100) = lanczos_model
-    full = gp._lanczos
+    full = gp._posterior.decomposition
     assert gp.variance_ == "lanczos" and full.n_augmented == 300 and full.rank == 400
     first_20 = LanczosResult(full.V[:, :320], full.H[:320, :320], full.Vtb[:320],
                              full.residual, 300)
@@ -234,7 +234,7 @@ def test_preconditioner_rank_sets_the_lanczos_basis():
             gp = our_gp(optimizer=None, solver="exact", variance="lanczos", lanczos_rank=20,
                         preconditioner_rank=r, random_state=0).fit(X_TRAIN[:300], Y_TRAIN[:300])
             got = gp.predict(X_TEST, return_std=True)[1]
-            assert gp._lanczos.rank == min(300, r + 20)  # the basis: r columns, k steps
+            assert gp._posterior.decomposition.rank == min(300, r + 20)  # r columns, k steps
             errors.append(np.max(np.abs(got - std) / std))
     assert errors[0] > 0.1 and errors[1] <= 1e-9
 
@@ -265,10 +265,10 @@ def test_saved_lanczos_model_recomputes_the_same_std(tmp_path):
     back = dkern.load(tmp_path / "gp.zarr")
     assert back.lanczos_rank == 20 and back.preconditioner_rank == 60
     assert back.variance_ == "lanczos"
-    assert getattr(back, "_lanczos", None) is None  # the n-sized basis is not in the file
+    assert back._posterior.decomposition is None  # the n-sized basis is not in the file
     with dask.config.set(scheduler="synchronous"):
         got = back.predict(X_TEST, return_std=True)[1]
-    assert back._lanczos.rank == 80
+    assert back._posterior.decomposition.rank == 80
     np.testing.assert_array_equal(got, want)  # the same pivots: the same basis
 
 
@@ -528,8 +528,8 @@ def test_bad_parameters_are_named(params, match):
 
 
 def test_exact_beyond_the_dense_limit_is_refused(monkeypatch):
-    monkeypatch.setattr(_gp_methods, "EXACT_MAX_N", 40)  # the solver choice
-    monkeypatch.setattr(_gp_fit, "EXACT_MAX_N", 40)  # the optimizer's exact likelihood
+    monkeypatch.setattr(gaussian_process, "EXACT_MAX_N", 40)  # the solver choice
+    monkeypatch.setattr(_gp_optimize, "EXACT_MAX_N", 40)  # the optimizer's exact likelihood
     with pytest.raises(ValueError, match="solver='exact' holds the dense"):
         our_gp(solver="exact").fit(X_TRAIN[:50], Y_TRAIN[:50])
     with pytest.raises(ValueError, match="Learn them on a subsample"):

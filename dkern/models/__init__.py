@@ -2,7 +2,8 @@
 
 ``KernelRidge`` fits with dense Cholesky, preconditioned CG on the lazy Gram
 operator, or Nyström/Falkon; ``GaussianProcessRegressor`` adds posterior variances,
-the marginal likelihood and hyperparameter learning; ``GaussianProcessClassifier``
+the marginal likelihood and hyperparameter learning (both hold the posterior objects of
+:mod:`.posteriors`, one per way of solving ``(K + alpha I) a = y``); ``GaussianProcessClassifier``
 is binary (and one-vs-rest) Laplace GP classification; ``KernelLogisticRegression``
 is penalised kernel logistic regression by Newton-CG or gradient descent;
 ``KernelDensity``, ``NadarayaWatson`` and ``KNeighbors*`` are the classic toolbox's

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 from numbers import Integral
+from typing import Any
 
-from ..solvers import EXACT_MAX_N
-from ._validation import check_choice, check_optional_int
+import numpy as np
+
+from ._validation import check_alpha, check_choice, check_optional_int
+from .posteriors import check_solver_fits, choose_solver
 
 # the estimator's choices are logged under the estimator's module, where users filter them
 logger = logging.getLogger("dkern.models.gaussian_process")
@@ -32,21 +35,14 @@ def checked_methods(solver: object, variance: object, n_centers: object,
     return solver, variance
 
 
-def resolve(solver: str, variance: str, n_centers: int | None, n: int) -> tuple[str, str]:
-    """``"auto"`` resolved for n training rows, and the pair checked to go together."""
-    if solver == "auto":  # never a less accurate model unasked: cg is exact to tol
-        if n_centers is not None:
-            solver, why = "nystrom", f"n_centers={n_centers} was given"
-        else:
-            solver = "exact" if n <= EXACT_MAX_N else "cg"
-            why = f"n={n}, EXACT_MAX_N={EXACT_MAX_N}"
+def resolve(solver: str, variance: str, n_centers: int | None, n: int, *,
+            exact_max_n: int) -> tuple[str, str]:
+    """``"auto"`` resolved for n training rows (:func:`.posteriors.choose_solver`, the
+    policy kernel ridge shares), and the pair checked to go together."""
+    if solver == "auto":
+        solver, why = choose_solver(n, n_centers, exact_max_n=exact_max_n)
         logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
-    if solver == "exact" and n > EXACT_MAX_N:
-        raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
-                         f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
-    if solver == "nystrom" and n_centers is not None and n_centers > n:
-        raise ValueError(f"n_centers={n_centers} is more centres than the {n} training "
-                         f"rows (centres are distinct rows of X); use n_centers <= {n}.")
+    check_solver_fits(solver, n, n_centers, exact_max_n=exact_max_n)
     if variance == "auto":
         variance = solver
     if variance == "lanczos" and solver == "nystrom":
@@ -83,3 +79,16 @@ def checked_preconditioner_rank(value: object) -> int:
                          f"variance='lanczos'); got {value!r}. Use e.g. "
                          f"preconditioner_rank=300.")
     return int(value)
+
+
+def checked_noise(alpha: Any, solver: str) -> float:
+    """``alpha``, the noise variance, as a float: one number, >= 0 for ``"exact"``, > 0
+    otherwise."""
+    if np.size(alpha) != 1:  # scikit-learn also takes one value per training row
+        raise ValueError(f"alpha must be one number, the noise variance added to every "
+                         f"diagonal entry (dkern has no per-row noise); got an array of "
+                         f"shape {np.shape(alpha)}. Pass one float, e.g. "
+                         f"alpha=float(np.mean(alpha)).")
+    value = alpha.item() if isinstance(alpha, np.ndarray) else alpha  # shape (1,)
+    return check_alpha(value, solver, role="the noise variance added to the diagonal",
+                       example="1e-6")

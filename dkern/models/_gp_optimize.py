@@ -1,5 +1,8 @@
 """Hyperparameter learning: maximise a log marginal likelihood over ``theta``.
 
+:func:`learned_exact_kernel` and :func:`learned_sparse_posterior` are the regressor's two
+ways (the classifier's Laplace evidence uses :func:`optimize` directly).
+
 The exact one (dense, n <= ``EXACT_MAX_N``) or the SGPR bound of the sparse GP; as
 scikit-learn's ``GaussianProcessRegressor``: L-BFGS-B in log space within the
 kernel's log-bounds, with the analytic gradient, from the kernel's own ``theta`` and
@@ -16,9 +19,15 @@ from typing import Any
 
 import numpy as np
 import scipy.optimize
+from sklearn.utils import check_random_state
 
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError, caller_stacklevel
 from ..kernels import Kernel
+from ..solvers import EXACT_MAX_N
+from ._validation import as_generator, in_memory, legacy_seed
+from .posteriors import SparsePosterior
+from .posteriors.exact import log_marginal_likelihood
+from .posteriors.sparse import SparseBound, centers, training_data
 
 logger = logging.getLogger(__name__)
 
@@ -133,3 +142,46 @@ def _checked_result(result: Any, optimizer: Any, p: int) -> tuple[np.ndarray, fl
             f"best finite log-hyperparameters found, shape ({p},), and obj_func's value there "
             "(minus the log marginal likelihood, a number).")
     return theta, value
+
+
+def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimizer: Any,
+                         n_restarts: int, random_state: Any, default_kernel: bool
+                         ) -> tuple[Kernel, float]:
+    """The kernel maximising the exact ``ln p(y | θ)`` (Rasmussen & Williams, eq. 5.8) for
+    X (n, d), y (n,) or (n, t), and that value; ``(kernel, nan)`` when nothing is learned
+    (no optimizer, or no free hyperparameter): the solve computes it where it can."""
+    n = X.shape[0]
+    learn = optimizer is not None and len(kernel.theta) > 0
+    if learn and n > EXACT_MAX_N:
+        default = ("kernel=None is scikit-learn's C() * RBF(), whose hyperparameters are "
+                   "learned (since scikit-learn 1.9); ") if default_kernel else ""
+        raise ValueError(f"{default}learning hyperparameters (optimizer={optimizer!r}) uses "
+                         f"the exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
+                         "Learn them on a subsample and refit with optimizer=None, or "
+                         "maximise the sparse GP's bound with solver='nystrom'.")
+    if not learn:
+        return kernel, float("nan")
+    Xn, yn = in_memory(X), in_memory(y).reshape(n, -1)
+
+    def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
+        return log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
+
+    theta, value = optimize(kernel, lml, optimizer, n_restarts,
+                            check_random_state(legacy_seed(random_state)))
+    return kernel.with_theta(theta), value
+
+
+def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
+                             n_centers: int | None, optimizer: Any, n_restarts: int,
+                             random_state: Any) -> SparsePosterior:
+    """SGPR (Titsias 2009): M centres drawn from X's rows, the kernel maximising the bound
+    F (if ``optimizer``; each evaluation two passes over X, the centres fixed), and the
+    posterior of its statistics (the optimizer's last pass, when it ended there)."""
+    Xd, Yd = training_data(X, y)  # numpy X is sent to the cluster once
+    Z = centers(Xd, n_centers, as_generator(random_state))
+    bound = SparseBound(Xd, Yd, Z, alpha)
+    if optimizer is not None and len(kernel.theta) > 0:
+        theta, _ = optimize(kernel, bound, optimizer, n_restarts,
+                            check_random_state(legacy_seed(random_state)))
+        kernel = kernel.with_theta(theta)
+    return SparsePosterior(bound.statistics(kernel), alpha)

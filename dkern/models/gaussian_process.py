@@ -1,4 +1,9 @@
-"""Gaussian process regression as a scikit-learn estimator over dkern's solvers."""
+"""Gaussian process regression as a scikit-learn estimator over dkern's posteriors.
+
+The estimator checks parameters and data, learns the kernel's hyperparameters, and holds
+one posterior object (:mod:`dkern.models.posteriors`) that answers the mean, variance and
+covariance; it undoes ``normalize_y`` on the answers (:mod:`._gp_outputs`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ from collections.abc import Callable
 from numbers import Integral
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -18,16 +22,13 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..io import is_store_ref
 from ..kernels import Gaussian, Kernel, Scaled
-from ..operators import gram
-from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, NystromPreconditioner
+from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N
 from ..solvers.checkpoint import check_checkpoint
-from ..solvers.lanczos import LanczosResult
-from . import _gp_exact, _gp_fit, _gp_lanczos, _gp_methods, _gp_predict, _gp_sparse
-from ._gp_optimize import check_optimizer
+from . import _gp_methods
+from ._gp_optimize import check_optimizer, learned_exact_kernel, learned_sparse_posterior
+from ._gp_outputs import TargetScaling, predictive
 from ._validation import (
     as_float64,
-    as_generator,
-    check_alpha,
     check_out_is_not_input,
     check_tol,
     check_X,
@@ -37,11 +38,24 @@ from ._validation import (
     in_memory,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
+from .posteriors import (
+    CGPosterior,
+    ExactPosterior,
+    LanczosPosterior,
+    PriorPosterior,
+    SparsePosterior,
+    variance_posterior,
+)
+from .posteriors.cg import computing_client_id
+from .posteriors.exact import log_marginal_likelihood
+from .posteriors.sparse import SparseBound, training_data
 
 logger = logging.getLogger(__name__)
 
 #: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
 MAX_COV_BYTES = 2**30
+
+Posterior = ExactPosterior | CGPosterior | LanczosPosterior | SparsePosterior
 
 
 class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
@@ -186,9 +200,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
     n_iter_: int
     converged_: bool
     n_features_in_: int
-    _preconditioner: NystromPreconditioner | None
+    _posterior: Posterior
+    _targets: TargetScaling
     _pivot_seed: int
-    _lanczos: LanczosResult | None
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
@@ -249,32 +263,33 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
-        n = Xv.shape[0]
-        solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, n)
+        solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, Xv.shape[0],
+                                               exact_max_n=EXACT_MAX_N)
         alpha = self._checked_alpha(solver)
         if variance == "lanczos" and alpha == 0:
             raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
                              "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
-        for stale in ("L_", "centers_", "_stats"):
+        for stale in ("L_", "centers_"):
             self.__dict__.pop(stale, None)
-        self._preconditioner = self._lanczos = None
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or
         # under another client is then the same one, and so are the CG and LOVE stds
         self._pivot_seed = fixed_seed(self.random_state)
         Xw = as_float64(Xv)  # the precision rule
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
-        yw = self._normalized(yv)
+        self._targets, yw = TargetScaling.of(yv, self.normalize_y)
         self.X_train_, self.y_train_ = Xw, yw
         if solver == "nystrom":
-            _gp_fit.fit_sparse(self, kernel, Xw, yw, alpha)
+            solved: Posterior = self._fit_sparse(kernel, Xw, yw, alpha)
         else:
-            self.kernel_ = _gp_fit.learned_kernel(self, kernel, Xw, yw, alpha, n)
-        if solver == "exact":
-            _gp_fit.fit_exact(self, np.asarray(Xw), yw, alpha)
-        elif solver == "cg":
-            _gp_fit.fit_cg(self, Xw, yw, alpha, tol, callback)
+            self.kernel_, self.log_marginal_likelihood_value_ = learned_exact_kernel(
+                kernel, Xw, yw, alpha, optimizer=self.optimizer,
+                n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
+                default_kernel=self.kernel is None)
+            solved = self._solve(solver, Xw, yw, alpha, tol, callback)
+            self.alpha_ = solved.weights
         self.solver_, self.variance_ = solver, variance
+        self._bind(self._answering(solved, variance, alpha))
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
         return self
@@ -284,63 +299,66 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         return checked_kernel(self.kernel, Scaled(1.0, Gaussian(1.0)))
 
     def _checked_alpha(self, solver: str) -> float:
-        if np.size(self.alpha) != 1:  # scikit-learn also takes one value per training row
-            raise ValueError(f"alpha must be one number, the noise variance added to every "
-                             f"diagonal entry (dkern has no per-row noise); got an array of "
-                             f"shape {np.shape(self.alpha)}. Pass one float, e.g. "
-                             f"alpha=float(np.mean(alpha)).")
-        alpha = self.alpha.item() if isinstance(self.alpha, np.ndarray) else self.alpha  # (1,)
-        return check_alpha(alpha, solver, role="the noise variance added to the diagonal",
-                           example="1e-6")
+        return _gp_methods.checked_noise(self.alpha, solver)
 
-    def _normalized(self, y: Any) -> Any:
-        y = as_float64(y)
-        t = 1 if y.ndim == 1 else y.shape[1]
-        mean, std = np.zeros(t), np.ones(t)
-        if self.normalize_y:
-            mean, std = (np.asarray(v, dtype=np.float64).reshape(t)
-                         for v in dask.compute(y.mean(axis=0), y.std(axis=0)))
-            std = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)  # constant targets
-        self._y_train_mean, self._y_train_std = mean, std
-        return (y - (mean[0] if y.ndim == 1 else mean)) / (std[0] if y.ndim == 1 else std)
+    def _fit_sparse(self, kernel: Kernel, X: Any, y: Any, alpha: float) -> SparsePosterior:
+        """SGPR on ``n_centers`` centres, the kernel learned on its bound (if ``optimizer``)."""
+        posterior = learned_sparse_posterior(
+            kernel, X, y, alpha, n_centers=self.n_centers, optimizer=self.optimizer,
+            n_restarts=self.n_restarts_optimizer, random_state=self.random_state)
+        self.kernel_, self.centers_ = posterior.stats.kernel, posterior.centers
+        self.log_marginal_likelihood_value_ = posterior.log_marginal_likelihood()
+        w = posterior.weights
+        self.alpha_ = np.ascontiguousarray(w[:, 0] if y.ndim == 1 else w)
+        self.n_iter_, self.converged_ = 1, True  # direct M x M factorisations
+        return posterior
 
-    def _operator(self, alpha: float) -> Any:
-        return gram(self.kernel_, self.X_train_, backend=self.backend, dtype=np.float64) + alpha
+    def _solve(self, solver: str, X: Any, y: Any, alpha: float, tol: float,
+               callback: Any) -> ExactPosterior | CGPosterior:
+        """``C a = t`` by Cholesky or CG; the exact LML too where it is not yet known."""
+        n = X.shape[0]
+        if solver == "exact":
+            posterior = ExactPosterior.fit(self.kernel_, X, in_memory(y), alpha,
+                                           backend=self.backend)
+            self.L_, self.n_iter_, self.converged_ = posterior.L, 1, True
+            if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
+                self.log_marginal_likelihood_value_ = posterior.log_marginal_likelihood(
+                    in_memory(y).reshape(n, -1))
+            return posterior
+        cg_posterior, result = CGPosterior.fit(
+            self.kernel_, X, y, alpha=alpha, rank=self.preconditioner_rank,
+            pivot_seed=self._pivot_seed, tol=tol, backend=self.backend,
+            progress=bool(self.verbose), callback=callback, checkpoint=self.checkpoint,
+            checkpoint_every=self.checkpoint_every)
+        self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
+        if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
+            self.log_marginal_likelihood_value_ = log_marginal_likelihood(
+                self.kernel_, in_memory(X), in_memory(y).reshape(n, -1), alpha, False)[0]
+        return cg_posterior
 
-    def _cg_preconditioner(self, alpha: float) -> NystromPreconditioner:
-        """The Nyström preconditioner of ``C``, built once per fitted model (or loaded one)
-        and per cluster."""
-        self._forget_caches_of_other_clusters()
-        pre = getattr(self, "_preconditioner", None)
-        if pre is None:
-            n = self.X_train_.shape[0]
-            pre = self._preconditioner = NystromPreconditioner(
-                self.kernel_, self.X_train_, alpha, min(n, self.preconditioner_rank),
-                pivots="rpcholesky", random_state=as_generator(self._pivot_seed))
-        return pre
+    def _answering(self, solved: Posterior, variance: str, alpha: float) -> Posterior:
+        """The posterior that answers ``variance_`` beside the solver's weights."""
+        if variance in ("exact", "nystrom"):
+            return solved
+        return variance_posterior(
+            solved, variance, alpha=alpha,
+            rank=_gp_methods.checked_preconditioner_rank(self.preconditioner_rank),
+            pivot_seed=self._pivot_seed, tol=check_tol(self.tol), y=self.y_train_,
+            lanczos_rank=_gp_methods.checked_lanczos_rank(self.lanczos_rank))
 
-    def _lanczos_decomposition(self, alpha: float) -> LanczosResult:
-        """LOVE's decomposition of ``C``, computed on first use per fitted (or loaded) model
-        and per cluster."""
-        self._forget_caches_of_other_clusters()
-        result = getattr(self, "_lanczos", None)
-        if result is None:
-            result = self._lanczos = _gp_lanczos.decomposition(
-                self._operator(alpha), self.y_train_, self._cg_preconditioner(alpha),
-                _gp_methods.checked_lanczos_rank(self.lanczos_rank))
-        return result
+    def _bind(self, posterior: Posterior) -> None:
+        self._posterior, self._posterior_client = posterior, computing_client_id()
 
-    def _forget_caches_of_other_clusters(self) -> None:
-        """Drop the preconditioner and LOVE caches if dask now computes on another client:
-        their arrays are persisted where they were built, and a closed client's are gone
-        (predicting after a new ``Client`` failed with "lost dependencies")."""
-        client = _computing_client_id()
-        if getattr(self, "_caches_client", None) != client:
-            if getattr(self, "_preconditioner", None) is not None:
-                logger.info("another dask client than the one that built the CG "
-                            "preconditioner: rebuilding it (and LOVE's basis) on demand")
-            self._preconditioner = self._lanczos = None
-            self._caches_client = client
+    def _posterior_here(self) -> Posterior:
+        """The posterior, re-bound if dask now computes on another client: the CG
+        preconditioner and LOVE's basis are persisted where they were built, and a closed
+        client's are gone (predicting after a new ``Client`` failed with "lost
+        dependencies")."""
+        if getattr(self, "_posterior_client", None) != computing_client_id():
+            logger.debug("another dask client than the one that built the posterior: "
+                         "rebuilding its CG preconditioner (and LOVE's basis) on demand")
+            self._bind(self._posterior.rebound())
+        return self._posterior
 
     # ------------------------------------------------------------- predict
     @worker_failures()
@@ -360,9 +378,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             Also return the latent covariance (m, m); for m up to
             ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``. For
             ``"nystrom"`` the SGPR posterior covariance (positive semi-definite; see
-            ``dkern.models._gp_sparse``), for ``"lanczos"`` ``K** − W H⁻¹ Wᵀ`` with
-            ``W = K(X*, X) V`` (PSD: it exceeds the exact one), so ``sample_y`` works
-            for both too.
+            :mod:`dkern.models.posteriors.sparse`), for ``"lanczos"`` ``K** − W H⁻¹ Wᵀ``
+            with ``W = K(X*, X) V`` (PSD: it exceeds the exact one), so ``sample_y``
+            works for both too.
         out : (url, group), optional
             Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
             ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
@@ -390,28 +408,28 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if out is not None and return_cov:
             raise ValueError("out= writes the mean and std; return_cov cannot be written. Use "
                              "return_std=True with out=, or return_cov without out=.")
-        Xv = check_X(self, X, reset=False)
-        Xw = as_float64(Xv)
+        Xw = as_float64(check_X(self, X, reset=False))
         if return_cov:
             _check_cov_size(Xw.shape[0])
-        return _gp_predict.predict(self, Xw, return_std, return_cov, out, overwrite)
+            return self._mean_and_covariance(Xw)
+        return predictive(self._posterior_here(), self._targets, Xw, return_std, out, overwrite)
+
+    def _mean_and_covariance(self, Xt: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Mean (m,) or (m, t) and covariance (m, m) or (m, m, t) in the units of y."""
+        posterior, targets = self._posterior_here(), self._targets
+        mean = in_memory(targets.squeezed(targets.mean_of(posterior.mean(Xt)), ndim=2))
+        cov = targets.scaled(posterior.covariance(in_memory(Xt)), power=2)
+        return mean, targets.squeezed(cov, ndim=3)
 
     def _prior_predict(self, X: Any, return_std: bool, return_cov: bool) -> Any:
         """Mean 0 and the prior's std ``sqrt(k(x, x))`` or covariance ``K(X, X)``."""
-        kernel = self._given_kernel()
-        Xv = check_X(self, X, reset=False)
-        Xw = as_float64(Xv)
+        prior = PriorPosterior(self._given_kernel())
+        Xw = as_float64(check_X(self, X, reset=False))
         if return_cov:
             _check_cov_size(Xw.shape[0])
             Xm = in_memory(Xw)
-            return np.zeros(len(Xm)), kernel(Xm)
-        if isinstance(Xw, da.Array):
-            mean = da.zeros(Xw.shape[0], chunks=Xw.chunks[0])
-            std = da.map_blocks(_prior_std_block, Xw, kernel=kernel, drop_axis=1,
-                                dtype=np.float64, meta=np.empty((0,)))
-        else:
-            mean, std = np.zeros(len(Xw)), _prior_std_block(Xw, kernel)
-        return (mean, std) if return_std else mean
+            return prior.mean(Xm), prior.covariance(Xm)
+        return (prior.mean(Xw), prior.std(Xw)) if return_std else prior.mean(Xw)
 
     # ------------------------------------------------- likelihood and samples
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
@@ -447,19 +465,19 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         if n > EXACT_MAX_N:
             raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
                              f"model has n={n}. Evaluate it on a subsample.")
-        value, grad = _gp_exact.log_marginal_likelihood(
+        value, grad = log_marginal_likelihood(
             kernel, in_memory(self.X_train_), in_memory(self.y_train_).reshape(n, -1),
             self._checked_alpha(self.solver_), eval_gradient)
         return (value, grad) if eval_gradient else value
 
-    def _sparse_bound(self) -> _gp_sparse.SparseBound:
+    def _sparse_bound(self) -> SparseBound:
         if getattr(self, "X_train_", None) is None:
             raise ValueError("this solver='nystrom' model was loaded from a file, which keeps "
                              "only M-sized statistics, not the training data the bound at "
                              "another theta needs; refit it on the data to evaluate "
                              "log_marginal_likelihood(theta).")
-        Xd, Yd = _gp_sparse.training_data(self.X_train_, self.y_train_)
-        return _gp_sparse.SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
+        Xd, Yd = training_data(self.X_train_, self.y_train_)
+        return SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
 
     def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
         """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn
@@ -488,15 +506,40 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                  for k in range(mean.shape[1])]
         return np.hstack(draws)
 
+    # ------------------------------------------- state (model files: ._gp_store)
+    def _state(self) -> dict[str, Any]:
+        """The fitted state beyond the public attributes: the preconditioner's pivot seed,
+        the target scaling and (``"nystrom"``) the posterior's statistics."""
+        state = {"pivot_seed": getattr(self, "_pivot_seed", None),
+                 "y_train_mean": self._targets.mean, "y_train_std": self._targets.std}
+        if self.solver_ == "nystrom":
+            state.update(self._posterior.state())
+        return state
 
-def _prior_std_block(X: np.ndarray, kernel: Kernel) -> np.ndarray:
-    """``sqrt(k(x, x))`` of each row of a block: the prior's standard deviation."""
-    return np.sqrt(kernel.diag(X))
-
-
-def _computing_client_id() -> str | None:
-    """The id of the distributed client dask computes with now; None for a local scheduler."""
-    return getattr(getattr(dask.base.get_scheduler(), "__self__", None), "id", None)
+    def _set_state(self, solver: str, variance: str, state: dict[str, Any]) -> None:
+        """Become the fitted model ``state`` describes (with ``kernel_`` set): the entries
+        :meth:`_state` gives, and the arrays ``alpha_``, ``X_train_``, ``y_train_``, ``L_``."""
+        self.alpha_ = a = state["alpha_"]
+        self._targets = TargetScaling(state["y_train_mean"], state["y_train_std"], a.ndim == 1,
+                                      a.ndim == 2 and a.shape[1] == 1)
+        alpha = self._checked_alpha(solver)
+        if solver == "nystrom":
+            self._bind(SparsePosterior.from_state({**state, "kernel": self.kernel_,
+                                                   "alpha": alpha}))
+            self.centers_ = self._posterior.centers
+            return
+        self.X_train_, self.y_train_ = state["X_train_"], state["y_train_"]
+        self._pivot_seed = state["pivot_seed"]
+        solved: Posterior
+        if solver == "exact":
+            self.L_ = state["L_"]
+            solved = ExactPosterior(self.kernel_, np.asarray(self.X_train_), a, self.L_,
+                                    backend=self.backend)
+        else:
+            solved = CGPosterior(self.kernel_, self.X_train_, a, alpha=alpha,
+                                 rank=self.preconditioner_rank, pivot_seed=self._pivot_seed,
+                                 tol=check_tol(self.tol), backend=self.backend)
+        self._bind(self._answering(solved, variance, alpha))
 
 
 def _check_cov_size(m: int) -> None:

@@ -17,16 +17,7 @@ from ..io import is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.nystrom import NystromOperator
-from ..solvers import (
-    CHECKPOINT_EVERY,
-    EXACT_MAX_N,
-    NystromPreconditioner,
-    cg,
-    exact_solve,
-    falkon,
-    gd,
-    select_centers,
-)
+from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
 from ._validation import (
     as_float64,
@@ -39,6 +30,13 @@ from ._validation import (
     check_X,
     check_y,
     checked_kernel,
+)
+from .posteriors import (
+    CGPosterior,
+    ExactPosterior,
+    KernelExpansion,
+    check_solver_fits,
+    choose_solver,
 )
 
 logger = logging.getLogger(__name__)
@@ -266,50 +264,34 @@ class KernelRidge(RegressorMixin, BaseEstimator):
             beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory
             pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend,
                                    dtype=np.float64, name="dkern-predict").matvec(beta)
-        else:
-            pred = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend,
-                        dtype=np.float64, name="dkern-predict") @ self.dual_coef_
+        else:  # exact, cg and gd: the kernel expansion of their posteriors' means
+            pred = KernelExpansion(self.kernel_, self.X_fit_, self.dual_coef_,
+                                   backend=self.backend).mean(Xv)
         if out is not None:
             return _write_predictions(pred, out, overwrite)
         return pred.compute() if isinstance(Xv, np.ndarray) else pred
 
     # ------------------------------------------------------------------ fitting
     def _resolve_solver(self, solver: str, n: int) -> str:
-        if solver == "auto":
-            if self.n_centers is not None:
-                solver, why = "nystrom", f"n_centers={self.n_centers} was given"
-            elif n <= EXACT_MAX_N:
-                solver, why = "exact", f"n={n} <= EXACT_MAX_N={EXACT_MAX_N}: dense Cholesky"
-            else:  # iterative, but the same model: (K + alpha I) c = y solved to tol
-                solver, why = "cg", (f"n={n} > EXACT_MAX_N={EXACT_MAX_N}: preconditioned CG, "
-                                     "the exact model to tol")
+        if solver == "auto":  # the policy the GP regressor shares: never trades accuracy
+            solver, why = choose_solver(n, self.n_centers, exact_max_n=EXACT_MAX_N)
             logger.info("KernelRidge: solver='auto' chose %r (%s)", solver, why)
-        if solver == "exact" and n > EXACT_MAX_N:
-            raise ValueError(f"solver='exact' holds the dense n x n kernel matrix and allows "
-                             f"n <= {EXACT_MAX_N}; got n={n}. Use solver='cg' or 'nystrom'.")
-        if solver == "nystrom" and self.n_centers is not None and self.n_centers > n:
-            raise ValueError(f"n_centers={self.n_centers} is more centres than the {n} training "
-                             f"rows (centres are distinct rows of X); use n_centers <= {n}.")
+        check_solver_fits(solver, n, self.n_centers, exact_max_n=EXACT_MAX_N)
         return solver
 
     def _fit_exact(self, X: Any, y: Any, alpha: float) -> None:
         Xn = X.compute() if isinstance(X, da.Array) else X
         yn = y.compute() if isinstance(y, da.Array) else y
-        # C order, as a model file reads it back: BLAS rounds differently per layout.
-        self.dual_coef_ = np.ascontiguousarray(exact_solve(self.kernel_, Xn, yn, alpha))
+        self.dual_coef_ = ExactPosterior.fit(self.kernel_, Xn, yn, alpha).weights
         self.n_iter_, self.residuals_, self.converged_ = 1, None, True  # one direct solve
 
     def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float, callback: Any) -> None:
-        n = X.shape[0]
-        A = gram(self.kernel_, X, backend=self.backend) + alpha  # K + alpha I, lazy
-        P = NystromPreconditioner(self.kernel_, X, alpha, min(n, CG_PRECONDITIONER_RANK),
-                                  pivots="rpcholesky", random_state=as_generator(self.random_state))
-        result = cg(A, y, preconditioner=P, tol=tol, max_iter=self.max_iter,
-                    progress=bool(self.verbose), callback=callback,
-                    checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
-        # The only n-vector that leaves the cluster: the fitted coefficients, once.
-        self.dual_coef_ = (np.ascontiguousarray(result.x.compute()) if isinstance(X, np.ndarray)
-                           else result.x)
+        posterior, result = CGPosterior.fit(
+            self.kernel_, X, y, alpha=alpha, rank=CG_PRECONDITIONER_RANK,
+            pivot_seed=self.random_state, tol=tol, backend=self.backend,
+            max_iter=self.max_iter, progress=bool(self.verbose), callback=callback,
+            checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
+        self.dual_coef_ = posterior.weights
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals
         self.converged_ = bool(result.converged.all())
 

@@ -15,9 +15,10 @@ nothing of the old model after)::
 "arrays" names the model's own arrays: saving over a model refuses to delete any other
 array found beside them (e.g. predictions written into the model's store).
 
-A ``GaussianProcessRegressor`` stores ``alpha`` (``alpha_``), ``X_train``, ``y_train``
-(with ``pivot_seed`` in "fitted": the CG preconditioner is rebuilt on first use, and
-from the same pivots, so its stds do not change) and, for the exact solver, its
+A ``GaussianProcessRegressor`` stores (:mod:`dkern.models._gp_store`) ``alpha``
+(``alpha_``), ``X_train``, ``y_train`` (with ``pivot_seed`` in "fitted": the CG
+preconditioner is rebuilt on first use, and from the same pivots, so its stds do not
+change) and, for the exact solver, its
 Cholesky factor ``L``; for ``"nystrom"`` only M-sized
 arrays: ``alpha`` (the centres' weights), ``centers`` and the SGPR statistics ``L``,
 ``P``, ``b``, ``yty`` (their scalars ``sgpr_trace``, ``sgpr_n``, ``sgpr_jitter`` in
@@ -54,9 +55,9 @@ from .._version import __version__
 from ..errors import DkernError, StoreError
 from ..io import open_array, read_attrs, write_arrays
 from ..kernels import Kernel, from_repr
-from . import _gp_sparse, _gpc_store, _klr_store, _toolbox_store
-from ._file_checks import GP_SPARSE, MODEL_FORMAT, MODELS, checked_model_file
-from ._validation import existing_arrays, fixed_seed
+from . import _gp_store, _gpc_store, _klr_store, _toolbox_store
+from ._file_checks import MODEL_FORMAT, MODELS, checked_model_file
+from ._validation import existing_arrays
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
@@ -128,7 +129,7 @@ def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) 
     elif isinstance(model, KernelLogisticRegression):
         arrays = _klr_store.arrays(model)
     else:
-        arrays = _gp_arrays(model) if is_gp else _krr_arrays(model)
+        arrays = _gp_store.arrays(model) if is_gp else _krr_arrays(model)
     attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
              "dkern_version": __version__, "arrays": sorted(arrays), "kernel": kernel_text,
              "kernel_is_default": model.kernel is None, "params": _json_params(model),
@@ -148,17 +149,6 @@ def _krr_arrays(model: KernelRidge) -> dict[str, Any]:
         arrays["X_fit"] = model.X_fit_
     if model.residuals_ is not None:
         arrays["residuals"] = model.residuals_
-    return arrays
-
-
-def _gp_arrays(model: GaussianProcessRegressor) -> dict[str, Any]:
-    if model.solver_ == "nystrom":
-        stats = model._stats
-        return {"alpha": model.alpha_, "centers": model.centers_, "L": stats.L, "P": stats.P,
-                "b": stats.b, "yty": stats.yty}
-    arrays = {"alpha": model.alpha_, "X_train": model.X_train_, "y_train": model.y_train_}
-    if model.solver_ == "exact":
-        arrays["L"] = model.L_
     return arrays
 
 
@@ -198,7 +188,7 @@ def load(url: str | os.PathLike[str]) -> Model:
     model = MODELS[kind](kernel=given, **attrs["params"])
     model.kernel_ = _kernel(url, attrs, "fitted_kernel" if attrs.get("fitted_kernel") else "kernel")
     if isinstance(model, GaussianProcessRegressor):
-        _restore_gp(model, url, fitted)
+        _gp_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
     elif isinstance(model, GaussianProcessClassifier):
         _gpc_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
     elif isinstance(model, KernelLogisticRegression):
@@ -237,30 +227,6 @@ def _restore_krr(model: KernelRidge, url: str, fitted: dict[str, Any]) -> None:
     else:
         model.X_fit_ = _read(url, "X_fit", lazy=x_fit_lazy)
     model.residuals_ = _read(url, "residuals", lazy=False) if fitted["solver_"] != "exact" else None
-
-
-def _restore_gp(model: GaussianProcessRegressor, url: str, fitted: dict[str, Any]) -> None:
-    """Set the GP's fitted arrays and private state; pop their entries from ``fitted``."""
-    model.alpha_ = _read(url, "alpha", lazy=fitted.pop("alpha_lazy"))
-    if fitted["solver_"] == "nystrom":
-        names = ("centers", "L", "P", "b", "yty")
-        arrays = {name: _read(url, name, lazy=False) for name in names}
-        scalars = {name: fitted.pop(name) for name in GP_SPARSE}
-        model._stats = _gp_sparse.restore(model.kernel_, arrays, scalars)
-        model.centers_ = arrays["centers"]
-    else:
-        model.X_train_ = _read(url, "X_train", lazy=fitted.pop("X_train_lazy"))
-        model.y_train_ = _read(url, "y_train", lazy=fitted.pop("y_train_lazy"))
-        # files written before the seed was stored: the pivots random_state gives
-        seed = fitted.pop("pivot_seed", None)
-        model._pivot_seed = fixed_seed(model.random_state) if seed is None else int(seed)
-    if fitted["solver_"] == "exact":
-        model.L_ = _read(url, "L", lazy=False)
-    model._y_train_mean = np.asarray(fitted.pop("y_train_mean"), dtype=np.float64)
-    model._y_train_std = np.asarray(fitted.pop("y_train_std"), dtype=np.float64)
-    model._preconditioner = None  # rebuilt on first use by "cg" variances
-    lml = fitted["log_marginal_likelihood_value_"]
-    fitted["log_marginal_likelihood_value_"] = float("nan") if lml is None else float(lml)
 
 
 def _fitted_kernel_text(kernel: Kernel | list[Kernel]) -> str | list[str]:
@@ -315,20 +281,7 @@ def _fitted_scalars(model: Model) -> dict[str, Any]:
         "solver_": model.solver_, "n_iter_": int(model.n_iter_),
         "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_)}
     if isinstance(model, GaussianProcessRegressor):
-        lml = float(model.log_marginal_likelihood_value_)
-        fitted.update({
-            "variance_": model.variance_,
-            "log_marginal_likelihood_value_": lml if np.isfinite(lml) else None,
-            "y_train_mean": model._y_train_mean.tolist(),
-            "y_train_std": model._y_train_std.tolist(),
-            "alpha_lazy": isinstance(model.alpha_, da.Array)})
-        if model.solver_ == "nystrom":
-            fitted.update({"sgpr_trace": model._stats.trace, "sgpr_n": model._stats.n,
-                           "sgpr_jitter": model._stats.jitter})
-        else:
-            fitted.update({f"{name}_lazy": isinstance(getattr(model, f"{name}_"), da.Array)
-                           for name in ("X_train", "y_train")})
-            fitted["pivot_seed"] = model._pivot_seed
+        fitted.update(_gp_store.fitted(model))
     else:
         fitted.update({"dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
                        "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)})

@@ -1,4 +1,8 @@
-"""Exact kernel ridge regression by dense Cholesky, for small n only."""
+"""The dense Cholesky factor of ``K + alpha I`` and the exact solve it gives, for small n only.
+
+:func:`cholesky_factor` is the one dense factorisation of dkern's regression models: kernel
+ridge's ``solver="exact"`` and the GP's (Rasmussen & Williams 2006, Alg. 2.1) both use it.
+"""
 
 from __future__ import annotations
 
@@ -60,12 +64,30 @@ def exact_solve(kernel: Kernel, X: Any, y: Any, alpha: float) -> np.ndarray:
         raise ValueError("X or y contains NaN or infinity; drop or impute those rows.")
     if not (np.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be a finite number >= 0; got {alpha!r}.")
-    K = np.asarray(kernel(Xn, Xn), dtype=np.float64)
-    K[np.diag_indices_from(K)] += alpha
+    return sla.cho_solve((cholesky_factor(kernel, Xn, alpha), True), yn, check_finite=False)
+
+
+def cholesky_factor(kernel: Kernel, X: np.ndarray, alpha: float) -> np.ndarray:
+    """Lower Cholesky factor L of ``K(X, X) + alpha I``; shape (n, n), upper triangle zero.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X : ndarray of shape (n, d), float64, in memory
+    alpha : float
+        Added to the diagonal (the ridge penalty, or a GP's noise variance).
+
+    Raises
+    ------
+    NotPositiveDefiniteError
+        The matrix is not numerically positive definite.
+    """
+    C = np.asarray(kernel(X), dtype=np.float64)
+    C[np.diag_indices_from(C)] += alpha
     try:
-        factor = sla.cho_factor(K, lower=True, overwrite_a=True, check_finite=False)
+        return sla.cholesky(C, lower=True, overwrite_a=True, check_finite=False)
     except np.linalg.LinAlgError as err:
         raise NotPositiveDefiniteError(
-            f"K + alpha I (n={n}, alpha={alpha:g}) is not numerically positive definite ({err}). "
-            "Increase alpha, or check the kernel with dkern.kernels.check_psd.") from None
-    return sla.cho_solve(factor, yn, check_finite=False)
+            f"K + alpha I (n={len(X)}, alpha={alpha:g}) is not numerically positive definite "
+            f"({err}). Increase alpha (the value added to the diagonal), e.g. alpha=1e-6, or "
+            "check the kernel with dkern.kernels.check_psd.") from None
