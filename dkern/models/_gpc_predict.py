@@ -1,25 +1,22 @@
-"""The classifier's latent predictive: mean and variance of each binary problem, in batches.
+"""The Laplace GP classifier's latent predictive: mean and variance of each binary problem
+at test points, in batches (Rasmussen & Williams 2006, Alg. 3.2 lines 4–6).
 
-:class:`~dkern.models.gp_classifier.GaussianProcessClassifier` turns these into
-probabilities. The exact solver reuses the Cholesky factors of B at the modes (rebuilt
-from ``pi_`` for a loaded model); CG solves with the columns ``k(X, x*)`` of each batch.
+:class:`~dkern.models.GaussianProcessClassifier` turns these into probabilities. The
+exact solver reuses the Cholesky factors of B at the modes; CG solves with the columns
+``k(X, x*)`` of each batch as right-hand sides.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-import dask.array as da
 import numpy as np
-from sklearn.utils.validation import check_is_fitted
 
 from ..kernels import Kernel
 from ..operators import gram
 from . import _laplace
-from ._validation import check_X, in_memory
-
-if TYPE_CHECKING:
-    from .gp_classifier import GaussianProcessClassifier
+from ._validation import in_memory
 
 #: Test points per batch in predictions: the exact solver holds an (n, PREDICT_BATCH) block
 #: of k(X, X*) (n ≤ EXACT_MAX_N: at most 94 MB), CG solves with that many right-hand sides.
@@ -31,58 +28,50 @@ CG_BATCH_VALUES = 2 ** 24
 Latent = list[tuple[np.ndarray, np.ndarray]]
 
 
-def latent(gpc: GaussianProcessClassifier, X: Any) -> Latent:
-    """Latent (mean, variance), each (m,), of every binary problem at the rows of X."""
-    check_is_fitted(gpc, "pi_")
-    Xv = check_X(gpc, X, reset=False)
-    Xv = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
-    if gpc.solver_ == "exact":
-        factors = _factors(gpc)
+def latent_exact(X_fit: np.ndarray, kernels: list[Kernel], targets: list[np.ndarray],
+                 pis: list[np.ndarray], factors: list[np.ndarray], X: Any) -> Latent:
+    """Latent (mean, variance), each (m,), of every binary problem at the rows of X (m, d).
 
-        def batch_latent(Xb: np.ndarray) -> Latent:
-            return _latent_exact(gpc, Xb, factors)
-        batch = PREDICT_BATCH
-    else:
-        problems = []
-        for k, t, pi in zip(gpc._kernels(), gpc._targets(), gpc._pis(), strict=True):
-            K = gram(k, gpc.X_fit_, backend=gpc.backend, dtype=np.float64)
-            problems.append((k, K, _laplace.lazy_vector(t, K), _laplace.lazy_vector(pi, K)))
-        batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // gpc.X_fit_.shape[0]))
+    ``X_fit`` (n, d) are the training rows; per problem its kernel, 0/1 targets (n,),
+    ``σ(f̂)`` (n,) and the lower Cholesky factor of B at the mode (n, n).
+    """
+    def batch_latent(Xb: np.ndarray) -> Latent:
+        def blocks(k: Kernel) -> tuple[np.ndarray, np.ndarray]:  # shapes: (b,), (n, b)
+            return (np.asarray(k.diag(Xb), dtype=np.float64),
+                    np.asarray(k(np.asarray(X_fit), Xb), dtype=np.float64))
 
-        def batch_latent(Xb: np.ndarray) -> Latent:
-            return _latent_cg(gpc, Xb, problems)
-    parts = [batch_latent(in_memory(Xv[i:i + batch])) for i in range(0, Xv.shape[0], batch)]
+        return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
+                for (k_diag, K_star), t, pi, L in zip(
+                    _laplace.shared(kernels, blocks), targets, pis, factors, strict=True)]
+
+    return _in_batches(X, PREDICT_BATCH, batch_latent)
+
+
+def latent_cg(X_fit: Any, kernels: list[Kernel], targets: list[np.ndarray], pis: list[Any],
+              X: Any, *, backend: str, tol: float, cg_max_iter: int | None) -> Latent:
+    """As :func:`latent_exact`, each batch's ``k*ᵀ S B⁻¹ S k*`` solved by block CG to ``tol``
+    on the lazy Gram operator (never an n × n matrix)."""
+    problems = []
+    for k, t, pi in zip(kernels, targets, pis, strict=True):
+        K = gram(k, X_fit, backend=backend, dtype=np.float64)
+        problems.append((k, K, _laplace.lazy_vector(t, K), _laplace.lazy_vector(pi, K)))
+
+    def batch_latent(Xb: np.ndarray) -> Latent:
+        out = []
+        for k, K, t, pi in problems:
+            k_diag = np.asarray(k.diag(Xb), dtype=np.float64)
+            K_star = gram(k, X_fit, Xb, backend=backend, dtype=np.float64)
+            out.append(_laplace.cg_latent(K, K_star, k_diag, t, pi, tol, cg_max_iter))
+        return out
+
+    batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // X_fit.shape[0]))
+    return _in_batches(X, batch, batch_latent)
+
+
+def _in_batches(X: Any, batch: int, batch_latent: Callable[[np.ndarray], Latent]) -> Latent:
+    """``batch_latent`` on consecutive row batches of X (numpy or dask), concatenated."""
+    parts = [batch_latent(in_memory(X[i:i + batch])) for i in range(0, X.shape[0], batch)]
     return [(np.concatenate([p[j][0] for p in parts]), np.concatenate([p[j][1] for p in parts]))
             for j in range(len(parts[0]))]
 
 
-def _latent_exact(gpc: GaussianProcessClassifier, Xb: np.ndarray,
-                  factors: list[np.ndarray]) -> Latent:
-    def blocks(k: Kernel) -> tuple[np.ndarray, np.ndarray]:  # shapes: (b,), (n, b)
-        return (np.asarray(k.diag(Xb), dtype=np.float64),
-                np.asarray(k(np.asarray(gpc.X_fit_), Xb), dtype=np.float64))
-
-    return [_laplace.dense_latent(K_star, k_diag, t, pi, L)
-            for (k_diag, K_star), t, pi, L in zip(
-                _laplace.shared(gpc._kernels(), blocks), gpc._targets(), gpc._pis(), factors,
-                strict=True)]
-
-
-def _latent_cg(gpc: GaussianProcessClassifier, Xb: np.ndarray,
-               problems: list[tuple[Kernel, Any, da.Array, da.Array]]) -> Latent:
-    out = []
-    for k, K, t, pi in problems:
-        k_diag = np.asarray(k.diag(Xb), dtype=np.float64)
-        K_star = gram(k, gpc.X_fit_, Xb, backend=gpc.backend, dtype=np.float64)
-        out.append(_laplace.cg_latent(K, K_star, k_diag, t, pi, gpc.tol, gpc.max_iter))
-    return out
-
-
-def _factors(gpc: GaussianProcessClassifier) -> list[np.ndarray]:
-    """Cholesky factors of B at the mode, rebuilt from ``pi_`` when absent (a loaded model)."""
-    chols = getattr(gpc, "_chols", None)
-    if chols is None:
-        Ks = _laplace.dense_grams(gpc._kernels(), np.asarray(gpc.X_fit_, dtype=np.float64))
-        chols = gpc._chols = [_laplace.dense_factor(K, pi)[1]
-                              for K, pi in zip(Ks, gpc._pis(), strict=True)]
-    return chols

@@ -4,9 +4,10 @@ Arrays: ``X_fit`` (the training rows; lazy ones are written chunk by chunk), ``y
 (labels as indices into ``classes_``) and ``pi`` (σ(f̂) of each binary problem). What
 ``predict`` needs follows from them and the kernels: ``t − π̂`` and ``W^{1/2} =
 √(π̂(1 − π̂))``; the n × n Cholesky factors of B are never stored, the exact solver
-rebuilds them on first use. The attribute ``fitted_kernel`` is ``repr(kernel_)``, a list
-of them for one-vs-rest; "fitted" holds ``classes_`` as a JSON list with its numpy dtype
-(``classes_dtype``), so string, integer, float and boolean labels load as they were.
+rebuilds them from ``pi_`` on first use. The attribute ``fitted_kernel`` is
+``repr(kernel_)``, a list of them for one-vs-rest; "fitted" holds ``classes_`` as a JSON
+list with its numpy dtype (``classes_dtype``, :mod:`dkern.models.labels`), so string,
+integer, float and boolean labels load as they were.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from ..errors import DkernError, StoreError
+from ..errors import StoreError
 from .gp_classifier import SOLVERS as _GIVEN_SOLVERS
 from .gp_classifier import GaussianProcessClassifier
+from .labels import decode_classes, encode_classes
 
 #: What :func:`fitted` writes and ``load`` accepts in the "fitted" attribute.
 FITTED_NAMES = frozenset({
@@ -32,8 +34,6 @@ FITTED_KINDS = {"n_iter_": "counts"}
 #: The arrays by dimension: ``n`` training rows, ``d`` features, ``p`` binary problems
 #: (1 for two classes: ``pi`` is then 1-D).
 SHAPES = {"X_fit": ("n", "d"), "y_train": ("n",), "pi": ("n", "p?")}
-#: Label dtypes whose values survive a JSON round trip exactly (by ``dtype.kind``).
-_JSON_KINDS = "biufU"
 
 
 def arrays(model: GaussianProcessClassifier) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def fitted(model: GaussianProcessClassifier) -> dict[str, Any]:
     out = {"solver_": model.solver_, "n_iter_": [int(i) for i in model.n_iter_],
            "n_features_in_": int(model.n_features_in_), "n_classes_": int(model.n_classes_),
            "log_marginal_likelihood_value_": lml if np.isfinite(lml) else None,
-           "classes_": _classes_json(model.classes_), "classes_dtype": model.classes_.dtype.str,
+           **encode_classes(model.classes_, "GaussianProcessClassifier"),
            "X_fit_lazy": isinstance(model.X_fit_, da.Array),
            "pi_lazy": isinstance(model.pi_, da.Array)}
     if hasattr(model, "feature_names_in_"):
@@ -72,18 +72,6 @@ def shapes(fitted: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]],
     return SHAPES, {"p": (1 if c == 2 else c, f"n_classes_ = {c}")}
 
 
-def _classes_json(classes: np.ndarray) -> list[Any]:
-    values = classes.tolist()
-    exact = classes.dtype.kind in _JSON_KINDS or (
-        classes.dtype.kind == "O" and all(isinstance(v, str) for v in values))
-    if not exact:
-        raise DkernError(f"cannot save a GaussianProcessClassifier whose classes_ have dtype "
-                         f"{classes.dtype} ({values[:3]!r}...): a model file stores the labels "
-                         "as JSON, which keeps numbers, booleans and strings only. Encode the "
-                         "labels as strings or integers and refit.")
-    return values
-
-
 def restore(model: GaussianProcessClassifier, fitted: dict[str, Any],
             read: Callable[[str, bool], Any]) -> None:
     """Set the fitted arrays and ``classes_``; pop their entries from ``fitted``.
@@ -93,8 +81,7 @@ def restore(model: GaussianProcessClassifier, fitted: dict[str, Any],
     model.X_fit_ = read("X_fit", fitted.pop("X_fit_lazy"))
     model.pi_ = read("pi", fitted.pop("pi_lazy"))
     model.y_train_ = read("y_train", False)
-    model.classes_ = np.asarray(fitted.pop("classes_"), dtype=np.dtype(fitted.pop("classes_dtype")))
-    model._chols = None  # rebuilt from pi_ on first use by the exact solver
+    model.classes_ = decode_classes(fitted)
     fitted["n_iter_"] = np.asarray(fitted["n_iter_"], dtype=np.int64)
     lml = fitted["log_marginal_likelihood_value_"]
     fitted["log_marginal_likelihood_value_"] = float("nan") if lml is None else float(lml)

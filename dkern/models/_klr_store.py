@@ -12,11 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
-import numpy as np
 
-from ..errors import DkernError
 from .kernel_logistic import SOLVERS as _GIVEN_SOLVERS
 from .kernel_logistic import KernelLogisticRegression
+from .labels import decode_classes, encode_classes
+
+__all__ = ["FITTED_NAMES", "SHAPES", "SOLVERS", "arrays", "decode_classes", "encode_classes",
+           "fitted", "restore", "shapes"]  # the label codecs, for the other models' files
 
 #: What :func:`fitted` writes and ``load`` accepts in the "fitted" attribute.
 FITTED_NAMES = frozenset({
@@ -27,8 +29,6 @@ SOLVERS = _GIVEN_SOLVERS
 #: The arrays by dimension: ``n`` training rows, ``d`` features, ``p`` binary problems
 #: (1 for two classes: ``dual_coef`` is then 1-D), ``r`` = n_iter_ + 1 residual rows.
 SHAPES = {"dual_coef": ("n", "p?"), "X_fit": ("n", "d"), "residuals": ("r", "p")}
-#: Label dtypes whose values survive a JSON round trip exactly (by ``dtype.kind``).
-_JSON_KINDS = "biufU"
 
 
 def arrays(model: KernelLogisticRegression) -> dict[str, Any]:
@@ -71,26 +71,3 @@ def shapes(fitted: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]],
     """:data:`SHAPES` and the dimensions the attributes fix (``p`` and ``r``)."""
     c, r = len(fitted["classes_"]), fitted["n_iter_"] + 1
     return SHAPES, {"p": (1 if c == 2 else c, f"{c} classes_"), "r": (r, f"n_iter_ + 1 = {r}")}
-
-
-def encode_classes(classes: np.ndarray, owner: str) -> dict[str, Any]:
-    """``classes_`` as JSON: ``{"classes_": [...], "classes_dtype": "<i8"}``.
-
-    Raises
-    ------
-    DkernError
-        The labels are not numbers, booleans or strings (they could not be restored).
-    """
-    values = classes.tolist()
-    if not (classes.dtype.kind in _JSON_KINDS
-            or (classes.dtype.kind == "O" and all(isinstance(v, str) for v in values))):
-        raise DkernError(f"cannot save a {owner} whose classes_ have dtype {classes.dtype} "
-                         f"({values[:3]!r}...): a model file stores the labels as JSON, which "
-                         "keeps numbers, booleans and strings only. Encode the labels as "
-                         "strings or integers and refit.")
-    return {"classes_": values, "classes_dtype": classes.dtype.str}
-
-
-def decode_classes(fitted: dict[str, Any]) -> np.ndarray:
-    """The labels :func:`encode_classes` wrote; pops their entries from ``fitted``."""
-    return np.asarray(fitted.pop("classes_"), dtype=np.dtype(fitted.pop("classes_dtype")))

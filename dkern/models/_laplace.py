@@ -3,9 +3,10 @@
 Rasmussen & Williams (2006), *Gaussian Processes for Machine Learning*, Algorithms
 3.1 (the posterior mode by Newton's method) and 3.2 (predictions), in the stable
 form with ``B = I + W^{1/2} K W^{1/2}``. Targets ``t`` are 0/1; ``π = σ(f)``;
-``W = π(1 − π)``. ``solve_dense`` holds K and B as n × n matrices (n up to
+``W = π(1 − π)``. The mode is :func:`dkern.models.logistic.newton_mode` with ``c = 1``
+and Alg. 3.1's own steps: ``solve_dense`` holds K and B as n × n matrices (n up to
 ``dkern.solvers.EXACT_MAX_N``); ``solve_cg`` never does: B is the lazy
-:class:`ScaledGram` and its systems are solved by block CG.
+:class:`~dkern.operators.IdentityPlusScaled` and its systems are solved by block CG.
 """
 
 from __future__ import annotations
@@ -23,8 +24,18 @@ from scipy.special import erf, expit
 
 from ..errors import ConvergenceWarning
 from ..kernels import Kernel
-from ..operators import GramOperator, Operator
+from ..operators import GramOperator, IdentityPlusScaled
 from ..solvers import cg
+from .logistic import (
+    NewtonFit,
+    alg31_point,
+    dense_alg31_point,
+    dense_factor,
+    newton_mode,
+    objective_settled,
+    sigmoid,
+)
+from .logistic.newton import StepFunction
 
 #: Newton stops when the objective ``Ψ(f) = log p(t|f) − ½ fᵀK⁻¹f`` (Alg. 3.1 line 10 without
 #: the log-determinant, which CG does not compute) rises by less than this; scikit-learn
@@ -55,11 +66,6 @@ def proba_probit(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
     return expit(mean / np.sqrt(1 + np.pi * var / 8))
 
 
-def log_likelihood(t: Any, f: Any) -> Any:
-    """``Σ log σ((2t − 1) f)``, summed without overflow (numpy or dask)."""
-    return -(da if isinstance(f, da.Array) else np).logaddexp(0, -(2 * t - 1) * f).sum()
-
-
 @dataclass
 class Mode:
     """The Laplace posterior of one binary problem.
@@ -75,63 +81,23 @@ class Mode:
     chol: np.ndarray | None = None
 
 
-def _newton_done(psi_new: float, psi: float, step: int, max_iter: int) -> bool:
-    if psi_new - psi < NEWTON_TOL:
-        return True
-    if step == max_iter:
-        # after the first step there is no earlier objective to compare with (psi = -inf)
-        rising = f"still rising by {psi_new - psi:.2e}" if np.isfinite(psi) else \
-            "not yet checked for convergence (one step)"
-        warnings.warn(f"Laplace: Newton stopped at max_iter_predict={max_iter} with the objective "
-                      f"{rising}; raise max_iter_predict.", ConvergenceWarning, stacklevel=4)
-    return False
+def _mode(T: Any, step: StepFunction, max_iter: int) -> NewtonFit:
+    """The mode of one problem (T of shape (n, 1)); warns when stopped at ``max_iter``."""
+    fit = newton_mode(T, 1.0, step, active_while=objective_settled(NEWTON_TOL),
+                      max_iter=max_iter, name="Laplace")
+    if not fit.converged[0]:
+        warnings.warn(f"Laplace: Newton stopped at max_iter_predict={max_iter} with the "
+                      f"objective still rising by {fit.decrease[0]:.2e}; raise "
+                      "max_iter_predict.", ConvergenceWarning, stacklevel=4)
+    return fit
 
 
 def solve_dense(K: np.ndarray, t: np.ndarray, max_iter: int) -> Mode:
     """The mode by Alg. 3.1 with dense K (n, n) and 0/1 targets t (n,)."""
-    f, psi = np.zeros_like(t), -np.inf
-    for step in range(1, max_iter + 1):
-        pi = expit(f)
-        s, L = dense_factor(K, pi)
-        b = s * s * f + (t - pi)  # line 6
-        a = b - s * sla.cho_solve((L, True), s * (K @ b), check_finite=False)  # line 7
-        f = K @ a  # line 8
-        psi_new = float(-0.5 * a @ f + log_likelihood(t, f))
-        done = _newton_done(psi_new, psi, step, max_iter)
-        psi = psi_new
-        if done:
-            break
-    pi = expit(f)
+    fit = _mode(t[:, None], dense_alg31_point(K), max_iter)
+    pi = sigmoid(fit.latent[:, 0])
     _, L = dense_factor(K, pi)  # W at the mode, for the evidence and the variances
-    return Mode(pi, psi, step, L)
-
-
-def dense_factor(K: np.ndarray, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``s = W^{1/2}`` for ``π`` (n,) and the lower Cholesky factor of ``B = I + S K S``."""
-    s = np.sqrt(pi * (1 - pi))
-    B = s[:, None] * K * s[None, :]
-    B[np.diag_indices_from(B)] += 1
-    return s, sla.cholesky(B, lower=True, overwrite_a=True, check_finite=False)
-
-
-class ScaledGram(Operator):
-    """``B = I + S K S`` with ``S = diag(s)``, lazily: ``B V = V + s ⊙ K (s ⊙ V)``.
-
-    Its eigenvalues lie in ``[1, 1 + λ_max(K) / 4]`` (``W ≤ 1/4``), so CG on it needs no
-    preconditioner for kernels of moderate scale.
-    """
-
-    def __init__(self, K: GramOperator, s: da.Array) -> None:
-        self.K, self.s = K, s.rechunk((K.col_chunks,))
-        self.shape, self.dtype, self.col_chunks = K.shape, K.dtype, K.col_chunks
-
-    @property
-    def is_square(self) -> bool:
-        return True
-
-    def _matvec(self, V: da.Array) -> da.Array:
-        s = self.s[:, None]  # shape: (n, 1), chunked like V's rows
-        return V + s * self.K._matvec(s * V)
+    return Mode(pi, -float(fit.objective[0]), fit.n_iter, L)
 
 
 def solve_cg(K: GramOperator, t: da.Array, max_iter: int, tol: float,
@@ -140,23 +106,10 @@ def solve_cg(K: GramOperator, t: da.Array, max_iter: int, tol: float,
 
     ``t`` (n,) is chunked like K's rows; the n-vectors stay on the cluster (persisted).
     """
-    f, psi, z = da.zeros_like(t), -np.inf, None
-    for step in range(1, max_iter + 1):
-        pi = 1 / (1 + da.exp(-f))
-        s = da.sqrt(pi * (1 - pi))
-        s, b = dask.persist(s, s * s * f + (t - pi))  # line 6; s is read by every CG matvec
-        # Line 7, started from the last step's solution: the systems change less and less as
-        # the mode nears, so the later steps need fewer CG iterations.
-        z = cg(ScaledGram(K, s), s * (K @ b), x0=z, tol=tol, max_iter=cg_max_iter).x
-        (a,) = dask.persist(b - s * z.rechunk(b.chunks))
-        (f,) = dask.persist(K @ a)  # line 8
-        psi_new = float(dask.compute(-0.5 * (a * f).sum() + log_likelihood(t, f))[0])
-        done = _newton_done(psi_new, psi, step, max_iter)
-        psi = psi_new
-        if done:
-            break
-    (pi,) = dask.persist(1 / (1 + da.exp(-f)))
-    return Mode(pi, psi, step)
+    step = alg31_point(K, tol=tol, cg_max_iter=cg_max_iter)
+    fit = _mode(t[:, None].rechunk((K.col_chunks, -1)), step, max_iter)
+    (pi,) = dask.persist(sigmoid(fit.latent[:, 0]))
+    return Mode(pi, -float(fit.objective[0]), fit.n_iter)
 
 
 def log_evidence(psi: float, chol: np.ndarray) -> float:
@@ -185,7 +138,7 @@ def cg_latent(K: GramOperator, K_star: GramOperator, k_diag: np.ndarray, t: da.A
     s = da.sqrt(pi * (1 - pi)).rechunk((K.col_chunks,))
     rhs = s[:, None] * K_star.kernel_blocks().rechunk((K.col_chunks, -1))  # shape: (n, m)
     (rhs,) = dask.persist(rhs)
-    z = cg(ScaledGram(K, s), rhs, tol=tol, max_iter=cg_max_iter).x
+    z = cg(IdentityPlusScaled(K, s), rhs, tol=tol, max_iter=cg_max_iter).x
     mean, quad = dask.compute(K_star.T @ (t - pi), (rhs * z.rechunk(rhs.chunks)).sum(axis=0))
     return mean, k_diag - quad
 

@@ -28,6 +28,8 @@ from ._validation import (
     in_memory,
     legacy_seed,
 )
+from .labels import one_vs_rest_targets
+from .logistic import dense_factor
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +221,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             chols = self._chols
         elif X.shape[0] <= EXACT_MAX_N:  # B at CG's mode, factored densely once
             Ks = _laplace.dense_grams(kernels, in_memory(X))
-            chols = [_laplace.dense_factor(K, np.asarray(in_memory(m.pi)))[1]
+            chols = [dense_factor(K, np.asarray(in_memory(m.pi)))[1]
                      for K, m in zip(Ks, modes, strict=True)]
         else:
             return float("nan")
@@ -241,7 +243,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         ndarray of shape (m, n_classes)
         """
         proba = _laplace.proba_erf if self.probabilities == "sklearn" else _laplace.proba_probit
-        P = np.column_stack([proba(mean, var) for mean, var in _gpc_predict.latent(self, X)])
+        P = np.column_stack([proba(mean, var) for mean, var in self._latent(X)])
         if self.n_classes_ == 2:
             return np.column_stack([1 - P[:, 0], P[:, 0]])
         return P / P.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
@@ -260,7 +262,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "pi_")
         if self.n_classes_ > 2:
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        (mean, _), = _gpc_predict.latent(self, X)
+        (mean, _), = self._latent(X)
         return self.classes_[(mean > 0).astype(int)]
 
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
@@ -368,10 +370,29 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
 
     def _targets(self) -> list[np.ndarray]:
         """0/1 targets of each binary problem: the second class, or each class vs the rest."""
-        codes = self.y_train_
-        ks = [1] if self.n_classes_ == 2 else range(self.n_classes_)
-        return [(codes == k).astype(np.float64) for k in ks]
+        T = one_vs_rest_targets(self.y_train_, self.n_classes_)
+        return [np.ascontiguousarray(t) for t in T.T]
 
     def _pis(self) -> list[Any]:
         return [self.pi_] if self.pi_.ndim == 1 else [self.pi_[:, k]
                                                       for k in range(self.pi_.shape[1])]
+
+    def _latent(self, X: Any) -> _gpc_predict.Latent:
+        """Latent (mean, variance), each (m,), of every binary problem at the rows of X."""
+        check_is_fitted(self, "pi_")
+        Xv = check_X(self, X, reset=False)
+        Xv = Xv if Xv.dtype == np.float64 else Xv.astype(np.float64)
+        if self.solver_ == "exact":
+            return _gpc_predict.latent_exact(self.X_fit_, self._kernels(), self._targets(),
+                                             self._pis(), self._factors(), Xv)
+        return _gpc_predict.latent_cg(self.X_fit_, self._kernels(), self._targets(),
+                                      self._pis(), Xv, backend=self.backend, tol=self.tol,
+                                      cg_max_iter=self.max_iter)
+
+    def _factors(self) -> list[np.ndarray]:
+        """Cholesky factors of B at the modes, rebuilt from ``pi_`` when absent (a loaded
+        model: its file stores ``pi_``, never n × n factors)."""
+        if getattr(self, "_chols", None) is None:
+            Ks = _laplace.dense_grams(self._kernels(), np.asarray(self.X_fit_, dtype=np.float64))
+            self._chols = [dense_factor(K, pi)[1] for K, pi in zip(Ks, self._pis(), strict=True)]
+        return self._chols

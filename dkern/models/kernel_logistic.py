@@ -9,7 +9,6 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -28,6 +27,8 @@ from ._validation import (
     check_X,
     checked_kernel,
 )
+from .labels import one_vs_rest_targets
+from .logistic import sigmoid
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
     solver : {"newton-cg", "gd"}, default="newton-cg"
         ``"newton-cg"``: Newton's method in function space, each step's SPD system solved
         by CG on the lazy Gram operator, with a step-halving line search: a few Newton
-        steps. ``"gd"``: the seeds' kernelised gradient descent with the step
+        steps. ``"gd"``: kernelised (RKHS) gradient descent with the step
         ``1 / L`` (L from 20 Lanczos steps): about ``κ ln(1/tol)`` iterations,
         ``κ = 1 + λ_max(K) / (4 n alpha)``, one Gram matvec each.
     tol : float, default=1e-6
@@ -169,7 +170,8 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
         """Every binary problem's β, side by side as the columns of one solve."""
         Xw = X if X.dtype == np.float64 else X.astype(np.float64)
         K = gram(kernel, Xw, backend=self.backend, name="dkern-klr-matvec")
-        T = _targets(codes, len(self.classes_), K.col_chunks)
+        T = da.from_array(one_vs_rest_targets(codes, len(self.classes_)),
+                          chunks=(K.col_chunks, -1))
         nalpha = X.shape[0] * alpha
         if solver == "newton-cg":
             return _klr.newton_cg(K, T, nalpha, tol=tol, max_iter=max_iter, callback=callback)
@@ -209,7 +211,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
         """
         scores = self.decision_function(X)
         lib = da if isinstance(scores, da.Array) else np
-        p = _sigmoid(scores)
+        p = sigmoid(scores)
         if scores.ndim == 1:
             return lib.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
@@ -231,14 +233,3 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
             return da.map_blocks(self.classes_.take, index, dtype=self.classes_.dtype)
         return self.classes_[index]
 
-
-def _sigmoid(scores: Any) -> Any:
-    return _klr.sigmoid(scores) if isinstance(scores, da.Array) else expit(scores)
-
-
-def _targets(codes: np.ndarray, n_classes: int, chunks: tuple[int, ...]) -> da.Array:
-    """0/1 targets (n, t): the problem of ``classes_[1]`` for two classes, else each class
-    against the rest; chunked like the Gram operator's columns."""
-    ks = [1] if n_classes == 2 else range(n_classes)
-    T = np.column_stack([(codes == k).astype(np.float64) for k in ks])
-    return da.from_array(T, chunks=(chunks, -1))

@@ -1,5 +1,5 @@
-"""Lazy operators over dask row chunks (the Gram operator, ``K + alpha I``, Nyström's
-``K_nm``), all built on one mechanism: :func:`pairwise_reduce`."""
+"""Lazy operators over dask row chunks (the Gram operator, ``K + alpha I``, ``I + D K D``,
+Nyström's ``K_nm``), all built on one mechanism: :func:`pairwise_reduce`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from .base import Operator, data_rows
 from .gram import GramOperator, gram
 from .memory import persist_budget
 from .pairwise import pairwise_map, pairwise_reduce
+from .scaled import IdentityPlusScaled
 from .shifted import ShiftedOperator
 
 __all__ = [
-    "GramOperator", "Operator", "ShiftedOperator", "data_rows", "gram", "pairwise_map",
-    "pairwise_reduce", "persist_budget",
+    "GramOperator", "IdentityPlusScaled", "Operator", "ShiftedOperator", "data_rows", "gram",
+    "pairwise_map", "pairwise_reduce", "persist_budget",
 ]
