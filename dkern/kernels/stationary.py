@@ -24,7 +24,10 @@ scale, whatever else the tile holds:
   closer than a small fraction of its own norms is recomputed.
 
 With a far row in the tile only the few pairs near it are recomputed; the rest keep
-the matrix product's speed.
+the matrix product's speed. The thresholds are set for float64. Blocks of two float32
+operands are computed in float32 with the same thresholds, so their values are
+accurate to a few hundred float32 ulps, not a few (a float64 block would cost twice
+the product); the models compute in float64 whatever the data's dtype.
 """
 
 from __future__ import annotations
