@@ -43,12 +43,12 @@ class NumpyBlocks:
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
         """``kernel(x, z) @ v``; shape (n_i, t), float64."""
-        return finite_values(matvec_block_numpy(kernel, x, z, v), kernel)
+        return finite_values(matvec_block_numpy(kernel, x, z, v), kernel, x, z, v)
 
     def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
         """``kernel(x, c)ᵀ (kernel(x, c) @ v)``; shape (M, t), float64."""
-        return finite_values(normal_matvec_block_numpy(kernel, x, c, v), kernel)
+        return finite_values(normal_matvec_block_numpy(kernel, x, c, v), kernel, x, c, v)
 
     def kernel_block(self, x: np.ndarray, z: np.ndarray, *, kernel: Kernel) -> np.ndarray:
         """The dense block ``kernel(x, z)``; shape (n_i, m_j), x's dtype."""
@@ -71,11 +71,11 @@ class KeopsBlocks(NumpyBlocks):
 
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
-        return finite_values(matvec_block_keops(kernel, x, z, v), kernel)
+        return finite_values(matvec_block_keops(kernel, x, z, v), kernel, x, z, v)
 
     def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
-        return finite_values(normal_matvec_block_keops(kernel, x, c, v), kernel)
+        return finite_values(normal_matvec_block_keops(kernel, x, c, v), kernel, x, c, v)
 
 
 BlockBackend = NumpyBlocks  # the interface every backend's blocks implement

@@ -135,11 +135,11 @@ class Product(_Binary):
         K = self.k1(X, Z)
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
             K *= self.k2(X, Z)
-        return finite_values(K, self)
+        return finite_values(K, self, X, Z)
 
     def diag(self, X: Array) -> Array:
         with np.errstate(over="ignore"):
-            return finite_values(self.k1.diag(X) * self.k2.diag(X), self)
+            return finite_values(self.k1.diag(X) * self.k2.diag(X), self, X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.k1.keops_formula(X, Z) * self.k2.keops_formula(X, Z)
@@ -168,11 +168,11 @@ class Power(Kernel):
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
-            return finite_values(np.power(K, int(self.power), out=K), self)
+            return finite_values(np.power(K, int(self.power), out=K), self, X, Z)
 
     def diag(self, X: Array) -> Array:
         with np.errstate(over="ignore"):
-            return finite_values(self.kernel.diag(X) ** int(self.power), self)
+            return finite_values(self.kernel.diag(X) ** int(self.power), self, X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.kernel.keops_formula(X, Z) ** int(self.power)
@@ -199,11 +199,11 @@ class Exp(Kernel):
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
-            return finite_values(fastexp.exp(K, out=K), self)
+            return finite_values(fastexp.exp(K, out=K), self, X, Z)
 
     def diag(self, X: Array) -> Array:
         with np.errstate(over="ignore"):
-            return finite_values(np.exp(self.kernel.diag(X)), self)
+            return finite_values(np.exp(self.kernel.diag(X)), self, X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         return self.kernel.keops_formula(X, Z).exp()

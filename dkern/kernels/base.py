@@ -227,12 +227,13 @@ class Kernel:
         raise NotImplementedError
 
 
-def finite_values(K: Array, kernel: Kernel) -> Array:
-    """``K`` if every value is finite, else ValueError: for finite inputs (checked where
-    they are read) the kernel's values overflowed float64, as a polynomial, product, power
-    or exponential of large values can. Said here, not as NaN several steps later in a
-    solver."""
-    if np.isfinite(K).all():
+def finite_values(K: Array, kernel: Kernel, *inputs: Array | None) -> Array:
+    """``K`` (computed by the kernel from ``inputs``) unless some value is infinite or NaN
+    while every input is finite: then the kernel's values overflowed float64, as a polynomial,
+    product, power or exponential of large values can, and a ValueError says so here,
+    not as NaN several steps later in a solver. Non-finite inputs are left to the input
+    checks (and pass through where those are turned off)."""
+    if np.isfinite(K).all() or not all(np.isfinite(a).all() for a in inputs if a is not None):
         return K
     raise ValueError(
         f"the kernel {kernel!r} overflows float64 on these inputs: some of its values are "

@@ -15,11 +15,11 @@ class Linear(Kernel):
 
     def __call__(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
-        return finite_values(X @ Z.T, self)
+        return finite_values(X @ Z.T, self, X, Z)
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
-        return finite_values(np.einsum("ij,ij->i", X, X), self)
+        return finite_values(np.einsum("ij,ij->i", X, X), self, X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         from pykeops.numpy import LazyTensor
@@ -55,13 +55,13 @@ class Polynomial(Kernel):
         K = X @ Z.T
         K += self.c
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
-            return finite_values(_int_power(K, int(self.degree)), self)
+            return finite_values(_int_power(K, int(self.degree)), self, X, Z)
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
         with np.errstate(over="ignore"):
             return finite_values(
-                _int_power(np.einsum("ij,ij->i", X, X) + self.c, int(self.degree)), self)
+                _int_power(np.einsum("ij,ij->i", X, X) + self.c, int(self.degree)), self, X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
         from pykeops.numpy import LazyTensor

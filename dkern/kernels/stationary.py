@@ -85,7 +85,7 @@ class Stationary(Kernel):
         ell = self._lengthscale(X)
         # differences first, then the lengthscale: scaling first rounds a far row's
         # coordinates to its own magnitude, losing the digits of a small difference
-        if p > 1:  # ARD: the scaled squared differences per feature, shape (n, m, d)
+        if np.ndim(ell) == 1:  # ARD: the scaled squared differences per feature, (n, m, d)
             S = np.square((X[:, None, :] - Z[None, :, :]) / ell)
             r2 = S.sum(axis=2)
         else:  # differences, not the expanded form: its cancellation would be amplified here

@@ -77,7 +77,7 @@ _FITTED_KINDS = {
     "classes_": "labels", "classes_dtype": "label dtype", "log_norm_": "number",
     "n_samples_fit_": "positive"}
 #: The solvers whose arrays ``load`` knows, per model (the memory-based models have none).
-_SOLVERS = {"KernelRidge": ("exact", "cg", "nystrom"),
+_SOLVERS = {"KernelRidge": ("exact", "cg", "nystrom", "gd"),
             "GaussianProcessRegressor": ("exact", "cg", "nystrom"),
             "GaussianProcessClassifier": _gpc_store.SOLVERS,
             "KernelLogisticRegression": _klr_store.SOLVERS}
@@ -87,6 +87,7 @@ _SOLVERS = {"KernelRidge": ("exact", "cg", "nystrom"),
 _KRR_SHAPES = {
     "exact": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?")},
     "cg": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?"), "residuals": ("r", "t")},
+    "gd": {"X_fit": ("n", "d"), "dual_coef": ("n", "t?"), "residuals": ("r", "t")},
     "nystrom": {"centers": ("m", "d"), "dual_coef": ("m", "t?"), "residuals": ("r", "t")}}
 _GP_SHAPES = {
     "exact": {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?"),
