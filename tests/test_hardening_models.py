@@ -77,7 +77,7 @@ Load = namedtuple("Load", "output seconds peak_mib")
 def _load_in_subprocess(url, timeout):
     """``dkern.load(url)`` in a fresh process: what it raised, its time and peak memory."""
     code = textwrap.dedent(f"""
-        import resource, time, dkern
+        import time, dkern
         start = time.perf_counter()
         try:
             dkern.load({url!r})
@@ -85,7 +85,10 @@ def _load_in_subprocess(url, timeout):
         except Exception as err:
             outcome = f"{{type(err).__name__}}: {{err}}"
         seconds = time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # VmHWM, not ru_maxrss: Linux carries a forked parent's high-water mark into
+        # ru_maxrss across exec, so a large test worker would be counted here
+        status = open("/proc/self/status").read().split("VmHWM:")[1].split()[0]
+        peak = int(status) / 1024
         print(f"{{seconds:.3f}} {{peak:.0f}} {{outcome}}")
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
