@@ -21,7 +21,7 @@ from dkern.models import KernelRidge
 pytestmark = [pytest.mark.distributed, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::dkern.errors.ConvergenceWarning")]
 
-N1, N2, D, CG_ITER, M = 2_000, 8_000, 4, 6, 96
+N1, N2, D, CG_ITER, M = 4_000, 8_000, 4, 6, 96
 
 CLUSTER = textwrap.dedent("""
     import sys
@@ -119,13 +119,19 @@ def test_client_receives_no_n_sized_array(tmp_path, remote_client, received,
     small, big = figures[N1], figures[N2]
     growth = 8 * (N2 - N1)  # what one n-vector more would add
     for fig in (small, big):  # per CG step: scalars and task reports, not its n-vector
-        # (task reports and periodic messages vary by a few kB from run to run and grow
-        # with the iteration's duration: a bound of half the problem's own n-vector, with
-        # the growth check below, tells them from a gathered vector)
-        assert fig["cg_per_iteration_max"] < fig["n_times_8"] / 2, figures
+        # A gathered float64 n-vector alone is 8n bytes, so any step under 8n gathered none.
+        # Task reports and periodic messages vary by a few kB from run to run and grow with
+        # the iteration's duration (a slow CI host once saw 8.6 kB at n=2,000): the max is
+        # bounded by the vector itself, the typical step by half of it, and the growth check
+        # below tells an n-sized transfer from that noise.
+        assert fig["cg_per_iteration_max"] < fig["n_times_8"], figures
+        assert fig["cg_per_iteration_median"] < fig["n_times_8"] / 2, figures
         assert fig["nystrom_fit"] < 4 * fig["nystrom_M2_times_8"], figures
-    for key in ("cg_per_iteration_median", "predict_to_zarr"):
-        assert abs(big[key] - small[key]) < 0.1 * growth, (key, figures)
+    # A gathered vector would make a step grow by the whole of `growth`; the messages that
+    # grow with an iteration's duration made it grow by 2.9 kB of 48 kB in CI once.
+    assert abs(big["cg_per_iteration_median"] - small["cg_per_iteration_median"]) \
+        < 0.5 * growth, figures
+    assert abs(big["predict_to_zarr"] - small["predict_to_zarr"]) < 0.1 * growth, figures
     # The whole fits add the preconditioner's / the sketch's O(r²), O(M²) transfers; what
     # they receive grows by well under the n-vector a gathered solution would add.
     assert abs(big["nystrom_fit"] - small["nystrom_fit"]) < 0.5 * growth, figures
