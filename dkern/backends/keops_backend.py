@@ -111,7 +111,7 @@ def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = No
     x, z = np.ascontiguousarray(x, np.float64), np.ascontiguousarray(z, np.float64)
     ones = np.ones((len(z), 1))
     values = ones if t is None else np.hstack([ones, np.asarray(t, dtype=np.float64)])
-    if len(z) == 0:
+    if len(z) == 0 or len(x) == 0:  # the empty sum; KeOps wants rows on both sides
         return np.tile([-np.inf] + [0.0] * values.shape[1], (len(x), 1))
     ell = np.asarray(kernel.lengthscale, dtype=np.float64) * scale
     xi, zj = LazyTensor(x[:, None, :]), LazyTensor(z[None, :, :])
@@ -135,8 +135,9 @@ def nearest_block_keops(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: 
     As :func:`dkern.backends.neighbors.nearest_block` (same arguments, same result):
     KeOps computes ``‖x − z‖²`` from the differences, keeps the first of equal values
     as it walks z in order (ties to the lower index), and the result is ordered by
-    (distance, index) once more. A block of fewer than k rows is numpy's (KeOps' k is
-    part of the compiled formula: one formula per k, not per block size).
+    (distance, index) once more. A block of fewer than k training rows (or of no query
+    row) is numpy's: KeOps' k is part of the compiled formula, one formula per k, not
+    per block size.
 
     Returns
     -------
@@ -146,7 +147,7 @@ def nearest_block_keops(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: 
     """
     from pykeops.numpy import LazyTensor
 
-    if len(z) < k:
+    if len(z) < k or len(x) == 0:
         return nearest_block(x, z, limit, index, k=k)
     x, z = np.ascontiguousarray(x, np.float64), np.ascontiguousarray(z, np.float64)
     sqdist = LazyTensor(x[:, None, :]).sqdist(LazyTensor(z[None, :, :]))
