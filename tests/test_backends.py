@@ -25,7 +25,7 @@ from dkern.backends import (
     resolve_backend,
     select,
 )
-from dkern.kernels import Gaussian
+from dkern.kernels import Gaussian, Laplacian
 
 
 @pytest.fixture
@@ -184,22 +184,24 @@ def test_keops_classifier_predictions_equal_numpy(keops_reductions, sync_schedul
 
 
 @pytest.mark.keops
-def test_a_kernel_without_keops_log_form_falls_back_to_numpy_logged_once(
+def test_kernels_without_keops_log_form_fall_back_to_numpy_logged_once(
         diabetes, keops_reductions, monkeypatch, caplog, sync_scheduler):
-    X, _ = diabetes
+    X, y = diabetes
     monkeypatch.setattr(keops_backend, "_logged", set())
     train = da.from_array(X[:300], chunks=(70, -1))
+    models = {"box": lambda b: dkern.KernelDensity("box", bandwidth=0.8, backend=b).fit(train),
+              "Laplacian": lambda b: dkern.NadarayaWatson(Laplacian(1.5), backend=b).fit(
+                  train, y[:300])}
+    run = {"box": lambda m: m.score_samples(X[300:]), "Laplacian": lambda m: m.predict(X[300:])}
     with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
-        numpy, keops = _both(lambda b: dkern.KernelDensity("box", bandwidth=0.8,
-                                                           backend=b).fit(train),
-                             lambda m: m.score_samples(X[300:]))
-        again = dkern.KernelDensity("box", bandwidth=0.8, backend="keops").fit(
-            train).score_samples(X[300:])
-    np.testing.assert_array_equal(keops, numpy)
-    np.testing.assert_array_equal(again, numpy)
+        for name, make in models.items():
+            numpy, keops = _both(make, run[name])
+            np.testing.assert_array_equal(keops, numpy)
+            np.testing.assert_array_equal(run[name](make("keops")), numpy)  # once more
     said = [r.getMessage() for r in caplog.records if "run with numpy" in r.getMessage()]
-    assert len(said) == 1, said  # ten blocks, two passes: one message
-    assert "kernel smoothing sums" in said[0] and "box kernel" in said[0]
+    assert len(said) == 2, said  # ten blocks, two passes each: one message per reason
+    assert all("kernel smoothing sums" in line for line in said)
+    assert "box kernel" in said[0] and "Laplacian kernel has no KeOps log form" in said[1]
     assert keops_reductions == []
 
 

@@ -77,7 +77,8 @@ def keops_log_form_missing(kernel: Kernel | None, box_width: float | None) -> st
     if box_width is not None:
         return "the box kernel's log weights are 0 or -inf (no KeOps log form)"
     if type(kernel) is not Gaussian:
-        return f"{kernel!r} has no KeOps log form (only a dkern Gaussian has one)"
+        return (f"the {type(kernel).__name__} kernel has no KeOps log form (only a dkern "
+                "Gaussian has one)")
     return None
 
 
