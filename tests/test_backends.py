@@ -1,8 +1,31 @@
-"""Backend selection: the KeOps check survives a crashing KeOps; explicit choices fail clearly."""
+"""Backends: selection (the KeOps check survives a crashing KeOps; explicit choices fail
+clearly), and the block seam: every backend implements the BlockBackend protocol, and KeOps'
+smoothing sums and k nearest neighbours equal numpy's on real data, with proof KeOps ran.
 
+Real data: scikit-learn's bundled diabetes study (442 rows; body-mass index, blood pressure
+and serum s5, standardised) and handwritten digits (1,797 rows of 64 integer pixels: many
+neighbours at equal distance, exactly, so ties to the lower index are tested for real).
+"""
+
+import logging
+
+import dask.array as da
+import numpy as np
 import pytest
+from sklearn.datasets import load_diabetes, load_digits
 
-from dkern.backends import BackendStatus, BackendUnavailableError, resolve_backend, select
+import dkern
+from dkern.backends import (
+    BackendStatus,
+    BackendUnavailableError,
+    BlockBackend,
+    KeopsBlocks,
+    NumpyBlocks,
+    keops_backend,
+    resolve_backend,
+    select,
+)
+from dkern.kernels import Gaussian, Laplacian
 
 
 @pytest.fixture
@@ -68,3 +91,124 @@ def test_first_keops_call_of_a_formula_holds_the_machine_wide_lock():
     assert _lock_is_free()
     with _first_call_locked(key):
         assert _lock_is_free()  # compiled here already: no lock, no serialisation
+
+
+# ------------------------------------------------------------------------- the block seam
+
+def test_every_backend_implements_the_block_protocol():
+    for blocks in (NumpyBlocks(), KeopsBlocks()):
+        assert isinstance(blocks, BlockBackend)
+    methods = {"kernel_matvec", "normal_matvec", "kernel_block", "kernel_diag",
+               "weighted_log_sums", "nearest"}
+    assert methods <= set(dir(BlockBackend))
+
+
+@pytest.fixture
+def keops_reductions(monkeypatch):
+    """The KeOps reductions run while the test runs, by name: proof that KeOps did the work
+    (every LazyTensor reduction of dkern's KeOps blocks goes through this one method)."""
+    from pykeops.common.lazy_tensor import GenericLazyTensor
+
+    ran: list[str] = []
+    reduction = GenericLazyTensor.reduction
+
+    def spy(self, reduction_op, *args, **kwargs):
+        ran.append(reduction_op)
+        return reduction(self, reduction_op, *args, **kwargs)
+
+    monkeypatch.setattr(GenericLazyTensor, "reduction", spy)
+    return ran
+
+
+@pytest.fixture(scope="module")
+def diabetes():
+    data = load_diabetes()
+    X = data.data[:, [2, 3, 8]]
+    return (X - X.mean(0)) / X.std(0), (data.target - data.target.mean()) / data.target.std()
+
+
+def _both(make, call):
+    """``call(make(backend))`` for numpy and keops."""
+    return [call(make(backend)) for backend in ("numpy", "keops")]
+
+
+@pytest.mark.keops
+def test_keops_kde_equals_numpy(diabetes, keops_reductions, sync_scheduler):
+    X, _ = diabetes
+    train = da.from_array(X[:300], chunks=(70, -1))  # five chunks: merged across them
+    numpy, keops = _both(lambda b: dkern.KernelDensity(bandwidth=0.35, backend=b).fit(train),
+                         lambda m: m.score_samples(X[300:]))
+    np.testing.assert_allclose(keops, numpy, rtol=0, atol=1e-9)
+    assert keops_reductions.count("Max_SumShiftExpWeight") == 5  # one per training chunk
+
+
+@pytest.mark.keops
+def test_keops_nadaraya_watson_equals_numpy_with_ard(diabetes, keops_reductions,
+                                                     sync_scheduler):
+    X, y = diabetes
+    kernel = Gaussian([0.5, 1.0, 2.0])
+    train = da.from_array(X[:300], chunks=(70, -1))
+    numpy, keops = _both(
+        lambda b: dkern.NadarayaWatson(kernel, bandwidth=0.4, backend=b).fit(train, y[:300]),
+        lambda m: m.predict(X[300:]))
+    np.testing.assert_allclose(keops, numpy, rtol=0, atol=1e-9)
+    assert keops_reductions.count("Max_SumShiftExpWeight") == 5
+
+
+@pytest.mark.keops
+def test_keops_neighbours_equal_numpy_with_exact_ties(keops_reductions, sync_scheduler):
+    X = load_digits().data.astype(np.float64)
+    train, queries = da.from_array(X[:1500], chunks=(150, -1)), X[1500:]
+    (d_np, i_np), (d_ko, i_ko) = _both(
+        lambda b: dkern.KNeighborsRegressor(5, backend=b).fit(train, np.zeros(1500)),
+        lambda m: m.kneighbors(queries))
+    assert i_ko.dtype == i_np.dtype == np.int64
+    np.testing.assert_array_equal(i_ko, i_np)
+    np.testing.assert_allclose(d_ko, d_np, rtol=1e-9, atol=0)
+    sq = ((queries[:, None, :] - X[None, :1500]) ** 2).sum(-1)  # integers: exact
+    kth = np.sort(sq, axis=1)[:, 4:6]
+    assert (kth[:, 0] == kth[:, 1]).any()  # the 5th and 6th tie somewhere: the rule matters
+    assert keops_reductions.count("KMin_ArgKMin") == 10  # one per training chunk
+
+
+@pytest.mark.keops
+def test_keops_classifier_predictions_equal_numpy(keops_reductions, sync_scheduler):
+    digits = load_digits()
+    X, y = digits.data.astype(np.float64), digits.target
+    numpy, keops = _both(
+        lambda b: dkern.KNeighborsClassifier(5, weights="distance", backend=b).fit(
+            X[:1500], y[:1500]),
+        lambda m: m.predict_proba(X[1500:]))
+    np.testing.assert_allclose(keops, numpy, rtol=1e-12, atol=0)
+    assert keops_reductions.count("KMin_ArgKMin") > 0
+
+
+@pytest.mark.keops
+def test_kernels_without_keops_log_form_fall_back_to_numpy_logged_once(
+        diabetes, keops_reductions, monkeypatch, caplog, sync_scheduler):
+    X, y = diabetes
+    monkeypatch.setattr(keops_backend, "_logged", set())
+    train = da.from_array(X[:300], chunks=(70, -1))
+    models = {"box": lambda b: dkern.KernelDensity("box", bandwidth=0.8, backend=b).fit(train),
+              "Laplacian": lambda b: dkern.NadarayaWatson(Laplacian(1.5), backend=b).fit(
+                  train, y[:300])}
+    run = {"box": lambda m: m.score_samples(X[300:]), "Laplacian": lambda m: m.predict(X[300:])}
+    with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
+        for name, make in models.items():
+            numpy, keops = _both(make, run[name])
+            np.testing.assert_array_equal(keops, numpy)
+            np.testing.assert_array_equal(run[name](make("keops")), numpy)  # once more
+    said = [r.getMessage() for r in caplog.records if "run with numpy" in r.getMessage()]
+    assert len(said) == 2, said  # ten blocks, two passes each: one message per reason
+    assert all("kernel smoothing sums" in line for line in said)
+    assert "box kernel" in said[0] and "Laplacian kernel has no KeOps log form" in said[1]
+    assert keops_reductions == []
+
+
+def test_an_unknown_backend_is_refused_by_fit(diabetes):
+    X, y = diabetes
+    for model in (dkern.KernelDensity(backend="gpu"), dkern.NadarayaWatson(backend="gpu"),
+                  dkern.KNeighborsRegressor(backend="gpu")):
+        with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'numpy', "
+                                             r"'keops'\); got 'gpu'"):
+            model.fit(X, y)

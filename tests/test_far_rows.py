@@ -264,9 +264,9 @@ def _block_knn(X, Z, k, monkeypatch):
 
     monkeypatch.setattr(neighbors, "_true_entries", counting)
     limit = neighbors.sample_bound(X, Z[:256], k=k)
-    index = np.arange(len(Z), dtype=np.float64)[:, None]
-    out = neighbors.nearest_block(X, Z, limit, index, k=k)
-    return np.sqrt(out[:, :k]), out[:, k:].astype(np.int64), count[0]
+    index = np.arange(len(Z), dtype=np.int64)[:, None]
+    sq, ind = neighbors.nearest_block(X, Z, limit, index, k=k)
+    return np.sqrt(sq), ind, count[0]
 
 
 @pytest.mark.parametrize("where", ["z", "x", "both"])

@@ -1,5 +1,6 @@
 """The lazy Gram operator against dense numpy products, for every input kind and chunking."""
 
+import pickle
 import tracemalloc
 
 import dask
@@ -321,3 +322,100 @@ def test_two_workers_compiling_one_new_formula_at_once(tmp_path):
         got = client.compute(op @ V).result()
         assert len(client.nthreads()) == 2
     assert rel_err(got, KERNEL(X, Z) @ V) < 1e-12
+
+
+# ------------------------------------------------ pairwise_reduce: types, broadcast, rows
+# Partial results keep their dtype (a structured one carries float64 and int64 fields side
+# by side); small client arrays reach every task through one key; pairwise_rows maps row
+# chunks alone (the Gram diagonal above runs on it).
+
+def _far_index_block(x, z, index, *, offset):
+    """Per row of x: the sum of z's entries (float64) and the largest index (int64)."""
+    return (np.full((len(x), 1), z.sum()), np.full((len(x), 1), index.max() + offset))
+
+
+def _take_larger(parts, axis, keepdims):
+    """Combine of _far_index_block's records: the sums add, the larger index wins."""
+    out = np.empty((len(parts), 1), parts.dtype)  # records (n, r, 1) merged along axis 1
+    out["sum"] = parts["sum"].sum(axis=1)
+    out["index"] = parts["index"].max(axis=1)
+    return out[:, None] if keepdims else out
+
+
+def test_structured_partials_keep_int64_indices_exact(sync_scheduler):
+    """Indices above 2⁵³ survive the block, the tree merge and the field access: through
+    float64 they would round to even."""
+    from dkern.operators.pairwise import pairwise_reduce
+
+    dtype = np.dtype([("sum", np.float64, (1,)), ("index", np.int64, (1,))])
+    index = da.arange(M, chunks=53, dtype=np.int64)[:, None]
+    out = pairwise_reduce(_far_index_block, da.from_array(X, chunks=(97, -1)),
+                          da.from_array(Z, chunks=(53, -1)), [(index, "cols")], over="cols",
+                          width=1, dtype=dtype, combine=_take_larger, name="test-typed",
+                          offset=2**53)
+    assert out.dtype == dtype and out["index"].dtype == np.int64
+    got = out.compute()
+    assert (got["index"][:, 0, 0] == 2**53 + M - 1).all()  # odd: float64 cannot hold it
+    np.testing.assert_allclose(got["sum"][:, 0, 0], Z.sum(), rtol=1e-12)
+
+
+def _project_block(x, z, *, C, w):
+    """``(x C) w`` summed over z's rows; C and w broadcast to every task."""
+    return (x @ C @ w)[:, None] * len(z)
+
+
+def test_broadcast_arrays_reach_every_task_through_one_key(sync_scheduler):
+    from dask.core import get_dependencies
+
+    from dkern.operators.pairwise import pairwise_reduce
+
+    C, w = RNG.normal(size=(D, 300)), RNG.normal(size=300)
+    out = pairwise_reduce(_project_block, da.from_array(X, chunks=(97, -1)),
+                          da.from_array(Z, chunks=(53, -1)), over="cols", width=1,
+                          name="test-broadcast", broadcast={"C": C, "w": w})
+    np.testing.assert_allclose(out.compute()[:, 0], X @ C @ w * M, rtol=1e-12)
+    graph = dict(out.__dask_graph__())
+    shared = [key for key in graph if str(key[0]).startswith("dkern-broadcast-")]
+    blocks = [key for key in graph if key[0].startswith("test-broadcast-")
+              and not key[0].startswith("test-broadcast-sum-")]
+    assert len(shared) == 2 and len(blocks) == 6 * 6  # one key per array, 6 × 6 chunk pairs
+    for key in blocks:  # each task names the keys, and carries no copy of C (19 kB)
+        assert set(shared) <= get_dependencies(graph, key)
+        assert len(pickle.dumps(graph[key])) < C.nbytes / 4
+
+
+def test_broadcast_of_a_chunked_dask_array_gives_the_fix():
+    from dkern.operators.pairwise import pairwise_reduce
+
+    with pytest.raises(ValueError, match=r"one chunk .* in 2 chunks.*x\.rechunk\(-1\)"):
+        pairwise_reduce(_project_block, da.from_array(X, chunks=(97, -1)),
+                        da.from_array(Z, chunks=(53, -1)), over="cols", width=1, name="t",
+                        broadcast={"C": da.ones((D, 4), chunks=(2, 4)), "w": np.ones(4)})
+
+
+def test_structured_block_returning_too_few_fields_says_so(sync_scheduler):
+    from dkern.operators.pairwise import pairwise_reduce
+
+    dtype = np.dtype([("a", np.float64), ("b", np.int64)])
+    out = pairwise_reduce(lambda x, z: (np.zeros(len(x)),), da.from_array(X, chunks=(97, -1)),
+                          da.from_array(Z, chunks=(53, -1)), over="cols", width=1,
+                          dtype=dtype, name="t")
+    with pytest.raises(ValueError, match=r"must return its 2 fields \('a', 'b'\); got 1"):
+        out.compute()
+
+
+def _whiten_block(x, scale, *, C):
+    return (x @ C) * scale
+
+
+def test_pairwise_rows_maps_row_chunks_with_operands_and_broadcast(sync_scheduler):
+    from dkern.operators.pairwise import pairwise_rows
+
+    C, scale = RNG.normal(size=(D, 3)), RNG.uniform(size=(N, 1))
+    Xd = da.from_array(X, chunks=(97, -1))
+    out = pairwise_rows(_whiten_block, Xd, [da.from_array(scale, chunks=(97, -1))], width=3,
+                        dtype=np.float64, name="test-rows", broadcast={"C": C})
+    assert out.chunks == (Xd.chunks[0], (3,))
+    np.testing.assert_allclose(out.compute(), X @ C * scale, rtol=1e-14)
+    diag = dkern.gram(KERNEL, Xd, backend="numpy").diag()
+    assert diag.name.startswith("dkern-gram-diag-") and diag.chunks == (Xd.chunks[0],)

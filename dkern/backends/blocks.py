@@ -4,35 +4,92 @@ An operator (:mod:`dkern.operators`) walks the (row chunk × column chunk) grid
 and combines partial results; what happens inside one pair is a method of a
 backend object, so operators never know which backend they hold:
 
-============================  =====================================  ==============
-method                         computes (x: n_i × d, z: m_j × d)      shape
-============================  =====================================  ==============
-``kernel_matvec(x, z, v)``     ``k(x, z) @ v``                        (n_i, t)
-``normal_matvec(x, c, v)``     ``k(x, c)ᵀ (k(x, c) @ v)``             (M, t)
-``kernel_block(x, z)``         ``k(x, z)``, dense (small m only)      (n_i, m_j)
-``kernel_diag(x)``             ``k(x_i, x_i)``                        (n_i,)
-============================  =====================================  ==============
+================================  ==================================  ================
+method                             computes (x: n_i × d, z: m_j × d)   shape
+================================  ==================================  ================
+``kernel_matvec(x, z, v)``         ``k(x, z) @ v``                     (n_i, t)
+``normal_matvec(x, c, v)``         ``k(x, c)ᵀ (k(x, c) @ v)``          (M, t)
+``kernel_block(x, z)``             ``k(x, z)``, dense (small m only)   (n_i, m_j)
+``kernel_diag(x)``                 ``k(x_i, x_i)``                     (n_i,)
+``weighted_log_sums(x, z, t)``     log-scaled ``Σ k``, ``Σ k t``       (n_i, 2 + T)
+``nearest(x, z, limit, index)``    k nearest (distance², index)        2 × (n_i, k)
+================================  ==================================  ================
 
-Data blocks are positional and the kernel a keyword, as
+:class:`BlockBackend` is the Protocol every backend implements; :class:`NumpyBlocks`
+(cache-sized BLAS tiles) and :class:`KeopsBlocks` (KeOps ``Sum``,
+``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions) do. Data blocks are
+positional and the kernel a keyword, as
 :func:`~dkern.operators.pairwise.pairwise_reduce` calls block functions.
-Reductions come back in float64 whatever the input precision; dense blocks and
-diagonals keep x's dtype. Every method runs BLAS single-threaded: dask runs
-tasks side by side, one per core. Kernels refuse values that overflow
-(:func:`dkern.kernels.base.finite_values`); the products here are checked too (a
-pass over their small output), as a sum of finite kernel values may still overflow.
+Reductions come back in float64 whatever the input precision (neighbour indices
+in int64); dense blocks and diagonals keep x's dtype. Every method runs BLAS
+single-threaded: dask runs tasks side by side, one per core. Kernels refuse values
+that overflow (:func:`dkern.kernels.base.finite_values`); the products here are
+checked too (a pass over their small output), as a sum of finite kernel values may
+still overflow.
 """
 
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from ..kernels import Kernel
 from ..kernels.base import finite_values
-from .keops_backend import matvec_block_keops
+from .keops_backend import (
+    keops_log_form_missing,
+    log_fallback_once,
+    log_sums_block_keops,
+    matvec_block_keops,
+    nearest_block_keops,
+)
+from .neighbors import nearest_block
 from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
+from .smoothing import weighted_log_sums_block
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "block_backend"]
+
+
+@runtime_checkable
+class BlockBackend(Protocol):
+    """The block functions of one backend: all an operator computes on one chunk pair."""
+
+    name: str
+
+    def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
+                      kernel: Kernel) -> np.ndarray:
+        """``kernel(x, z) @ v`` for x (n, d), z (m, d), v (m, t); shape (n, t), float64."""
+        ...
+
+    def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
+                      kernel: Kernel) -> np.ndarray:
+        """``kernel(x, c)ᵀ (kernel(x, c) @ v)`` for x (n, d), c (M, d), v (M, t); shape
+        (M, t), float64."""
+        ...
+
+    def kernel_block(self, x: np.ndarray, z: np.ndarray, *, kernel: Kernel) -> np.ndarray:
+        """The dense block ``kernel(x, z)`` for x (n, d), z (m, d); shape (n, m), x's dtype."""
+        ...
+
+    def kernel_diag(self, x: np.ndarray, *, kernel: Kernel) -> np.ndarray:
+        """``kernel(x_i, x_i)`` for x (n, d); shape (n,), x's dtype."""
+        ...
+
+    def weighted_log_sums(self, x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
+                          kernel: Kernel | None = None, box_width: float | None = None,
+                          scale: float = 1.0) -> np.ndarray:
+        """``[m, s₀, s₁ … s_T]`` per row of x (n, d) over z (m, d) and t (m, T):
+        ``Σ k = e^m s₀``, ``Σ k tⱼ = e^m sⱼ``; shape (n, 2 + T), float64
+        (:func:`dkern.backends.smoothing.weighted_log_sums_block`)."""
+        ...
+
+    def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest rows of z (m, d) to each row of x (n, d) within ``limit`` (n, 1),
+        as (squared distances (n, k) float64, indices ``index[j]`` (n, k) int64); ties
+        to the lower index (:func:`dkern.backends.neighbors.nearest_block`)."""
+        ...
 
 
 class NumpyBlocks:
@@ -59,12 +116,28 @@ class NumpyBlocks:
         """``kernel(x_i, x_i)`` for each row; shape (n_i,), x's dtype."""
         return np.asarray(kernel.diag(x), dtype=x.dtype)
 
+    def weighted_log_sums(self, x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
+                          kernel: Kernel | None = None, box_width: float | None = None,
+                          scale: float = 1.0) -> np.ndarray:
+        """Log-scaled kernel sums by tiles of log weights; shape (n, 2 + T), float64."""
+        return weighted_log_sums_block(x, z, t, kernel=kernel, box_width=box_width,
+                                       scale=scale)
+
+    def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        """k nearest by candidate tiles, then exact distances; 2 × (n, k)."""
+        return nearest_block(x, z, limit, index, k=k)
+
 
 class KeopsBlocks(NumpyBlocks):
-    """KeOps reductions for the products; dense blocks and diagonals as numpy's.
+    """KeOps reductions for the products, smoothing sums and neighbours; dense blocks
+    and diagonals as numpy's.
 
     KeOps streams kernel values through registers and never stores a block, so
     what must be stored (a dense block, a diagonal) is the numpy backend's work.
+    Smoothing sums of a kernel without a KeOps log form (the box, non-Gaussian
+    kernels: :func:`~dkern.backends.keops_backend.keops_log_form_missing`) are
+    numpy's too, logged once per process.
     """
 
     name = "keops"
@@ -77,8 +150,20 @@ class KeopsBlocks(NumpyBlocks):
                       kernel: Kernel) -> np.ndarray:
         return finite_values(normal_matvec_block_keops(kernel, x, c, v), kernel, x, c, v)
 
+    def weighted_log_sums(self, x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
+                          kernel: Kernel | None = None, box_width: float | None = None,
+                          scale: float = 1.0) -> np.ndarray:
+        reason = keops_log_form_missing(kernel, box_width)
+        if reason is None:
+            return log_sums_block_keops(x, z, t, kernel=kernel, scale=scale)
+        log_fallback_once("kernel smoothing sums (KernelDensity, NadarayaWatson)", reason)
+        return super().weighted_log_sums(x, z, t, kernel=kernel, box_width=box_width,
+                                         scale=scale)
 
-BlockBackend = NumpyBlocks  # the interface every backend's blocks implement
+    def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        return nearest_block_keops(x, z, limit, index, k=k)
+
 _BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks()}
 
 

@@ -1,9 +1,10 @@
 """Block functions of exact k-nearest-neighbour search: a per-block top-k, and its merge.
 
 Each (query chunk × training chunk) pair gives, per query row, its k nearest training
-rows of the chunk as packed float64 columns ``[d²₁ … d²_k, i₁ … i_k]`` (squared
-Euclidean distances, ascending, and global row indices: exact in float64 below 2⁵³);
-:func:`merge_neighbors` merges such lists. Order is by (distance, index): of rows at
+rows of the chunk: squared Euclidean distances, ascending (float64), and global row
+indices (int64). Between tasks they travel as one record per query row of
+:func:`neighbors_dtype` (fields ``sq`` and ``index``), so indices stay integers;
+:func:`merge_neighbors` merges such records. Order is by (distance, index): of rows at
 equal distance the lower index comes first, whatever the chunking.
 
 Distances by ``‖x‖² + ‖z‖² − 2xᵀz`` (one BLAS product per tile, on rows centred on
@@ -30,10 +31,10 @@ import numpy as np
 from ..kernels.stationary import robust_centre
 from .numpy_backend import single_threaded_blas
 
-__all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "nearest_block"]
+__all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "nearest_block", "neighbors_dtype"]
 
 #: The index of an empty slot (fewer than k rows seen): sorts after every real index.
-PAD_INDEX = float(2**53)
+PAD_INDEX = np.iinfo(np.int64).max
 #: Tile of query rows × training rows (4 MiB of float32 approximate distances): the fastest
 #: of the shapes tried from 128 × 2048 to 2048 × 1024 (benchmarks/RESULTS.md, toolbox).
 TILE = (1024, 1024)
@@ -47,8 +48,13 @@ FLOAT32_SAFE = 1e30
 ERROR_PER_FEATURE = 16.0
 
 
+def neighbors_dtype(k: int) -> np.dtype:
+    """One query row's k nearest (squared distance, index) pairs, as one record."""
+    return np.dtype([("sq", np.float64, (k,)), ("index", np.int64, (k,))])
+
+
 def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
-                  k: int) -> np.ndarray:
+                  k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest rows of z to each row of x, by exact squared distance, then index,
     among those within ``limit``.
 
@@ -63,20 +69,22 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
         training rows (:func:`sample_bound`): farther rows cannot be among its k nearest,
         so every block starts its search with it rather than from scratch.
     index : ndarray of shape (m, 1)
-        z's global row indices (float64).
+        z's global row indices (int64).
     k : int
 
     Returns
     -------
-    ndarray of shape (n, 2k), float64
-        ``[d²₁ … d²_k, i₁ … i_k]`` per row; ``(inf, PAD_INDEX)`` in slots no row within
-        ``limit`` fills.
+    sq : ndarray of shape (n, k), float64
+        Squared distances, ascending; ``inf`` in slots no row within ``limit`` fills.
+    index : ndarray of shape (n, k), int64
+        Their rows' global indices; ``PAD_INDEX`` in those slots.
     """
     x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
+    index = np.asarray(index, dtype=np.int64)
     best_sq = np.full((len(x), k), np.inf)
     best_idx = np.full((len(x), k), PAD_INDEX)
     if len(z) == 0:
-        return np.hstack([best_sq, best_idx])
+        return best_sq, best_idx
     xa, za, hx, rel = _augmented(x, z)
     cap = 4.0 * (hx + za[:, -2].max(initial=0.0))  # exceeds every distance (see _candidates)
     tile_rows, tile_cols = TILE
@@ -98,7 +106,7 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
                     np.concatenate([mine, rows]),
                     np.concatenate([best_sq[at].ravel(), exact]),
                     np.concatenate([best_idx[at].ravel(), index[j0 + cols, 0]]), len(hit), k)
-    return np.hstack([best_sq, best_idx])
+    return best_sq, best_idx
 
 
 def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
@@ -204,17 +212,20 @@ def best_k(rows: np.ndarray, sq: np.ndarray, idx: np.ndarray, n_rows: int,
 
 
 def merge_neighbors(parts: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
-    """Merge packed neighbour lists ``(n, r, 2k)`` along ``axis`` (1) into ``(n, 2k)``.
+    """Merge neighbour records ``(n, r, 1)`` of :func:`neighbors_dtype` along ``axis``
+    (1) into ``(n, 1)``.
 
     Associative and commutative (a ``combine`` of :func:`dkern.operators.pairwise_reduce`).
     """
     ax = axis[0] if isinstance(axis, tuple) else axis
-    if ax != 1 or parts.ndim != 3:
-        raise ValueError(f"merge_neighbors merges (n, r, 2k) lists along axis 1; got shape "
-                         f"{parts.shape} and axis {axis!r}.")
-    n, r, width = parts.shape
-    k = width // 2
-    rows = np.repeat(np.arange(n), r * k)
-    sq, idx = best_k(rows, parts[:, :, :k].ravel(), parts[:, :, k:].ravel(), n, k)
-    out = np.hstack([sq, idx])
+    if ax != 1 or parts.ndim != 3 or parts.dtype.names != ("sq", "index"):
+        raise ValueError(f"merge_neighbors merges (n, r, 1) records of neighbors_dtype(k) "
+                         f"along axis 1; got shape {parts.shape}, dtype {parts.dtype} and "
+                         f"axis {axis!r}.")
+    n = parts.shape[0]
+    k = parts.dtype["sq"].shape[0]
+    rows = np.repeat(np.arange(n), parts[0].size * k)
+    out = np.empty((n, 1), parts.dtype)
+    out["sq"][:, 0], out["index"][:, 0] = best_k(rows, parts["sq"].ravel(),
+                                                 parts["index"].ravel(), n, k)
     return out[:, None, :] if keepdims else out

@@ -12,7 +12,8 @@ as a log-sum-exp does. :func:`weighted_log_sums_block` computes them on one
 partial results of several pairs (rescaling each to the common maximum), associatively,
 as :func:`dkern.operators.pairwise_reduce` needs. A query row with no training row in
 the kernel's reach (a box kernel, or weights underflowing for a non-Gaussian kernel)
-has ``m = -inf`` and ``s = 0``.
+has ``m = -inf`` and ``s = 0``. The KeOps backend computes the same form for a Gaussian by
+one reduction (:func:`dkern.backends.keops_backend.log_sums_block_keops`).
 """
 
 from __future__ import annotations

@@ -45,11 +45,11 @@ def smoothing_kernel(kernel: Any, *, any_kernel: bool) -> tuple[Kernel | None, b
 
 
 def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel | None,
-             box: bool, bandwidth: float, name: str) -> da.Array:
+             box: bool, bandwidth: float, name: str, backend: str) -> da.Array:
     """The pass over the training rows: ``[m, s₀, s₁ … s_T]`` per query row, lazily.
 
     Weights are ``k((x − xₙ)/h)``: the box kernel of side 1 or ``kernel`` on rows divided
-    by the bandwidth h.
+    by the bandwidth h; ``backend`` is a concrete one (``"numpy"`` or ``"keops"``).
     """
     Q, X = data_rows(queries, name="X"), data_rows(training, name="X_fit")
     T = None
@@ -59,7 +59,7 @@ def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel
         (T,) = dask.persist(da.from_array(np.asarray(targets, dtype=np.float64).reshape(
             len(targets), -1), chunks=(X.chunks[0], -1)))
     return kernel_log_sums(Q, X, T, kernel=kernel, box_width=1.0 if box else None,
-                           scale=bandwidth, name=name)
+                           scale=bandwidth, name=name, backend=backend)
 
 
 def finish(result: da.Array, lazy: bool) -> Any:

@@ -11,6 +11,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
+from ..backends import resolve_backend
 from ..io import is_lazy
 from ..kernels import Gaussian, Kernel
 from ..solvers.sampling import gather_rows
@@ -44,6 +45,9 @@ class KernelDensity(BaseEstimator):
     kernel : {"gaussian", "box"} or dkern Gaussian, default="gaussian"
     bandwidth : float, default=1.0
         h > 0.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the log-sum-exp over the training rows is computed: numpy tiles, or KeOps
+        reductions (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
 
     Attributes
     ----------
@@ -55,9 +59,11 @@ class KernelDensity(BaseEstimator):
     n_features_in_ : int
     """
 
-    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0) -> None:
+    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0,
+                 backend: str = "auto") -> None:
         self.kernel = kernel
         self.bandwidth = bandwidth
+        self.backend = backend
 
     def fit(self, X: Any, y: Any = None) -> KernelDensity:
         """Keep the training rows (nothing is computed until a density is asked for).
@@ -74,6 +80,7 @@ class KernelDensity(BaseEstimator):
         """
         h = _smoothing.check_bandwidth(self.bandwidth)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
+        resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         n, d = Xv.shape
         if box:
@@ -104,7 +111,8 @@ class KernelDensity(BaseEstimator):
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
         sums = _smoothing.log_sums(Xv, self.X_fit_, kernel=kernel, box=box,
-                                   bandwidth=float(self.bandwidth), name="dkern-kde")
+                                   bandwidth=float(self.bandwidth), name="dkern-kde",
+                                   backend=resolve_backend(self.backend))
         logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
                              dtype=np.float64, meta=np.empty(0))
         return _smoothing.finish(logp, is_lazy(X))

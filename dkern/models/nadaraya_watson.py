@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
+from ..backends import resolve_backend
 from ..io import is_lazy
 from . import _smoothing
 from ._validation import check_X, check_y
@@ -44,6 +45,11 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
         dkern ``Gaussian``, ARD included, is taken in the log domain like ``"gaussian"``).
     bandwidth : float, default=1.0
         h > 0: rows are divided by it before the kernel.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the weighted sums over the training rows are computed: numpy tiles, or KeOps
+        reductions (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
+        Only a Gaussian has a KeOps log form: other kernels run numpy's block under
+        ``"keops"``, logged once.
 
     Attributes
     ----------
@@ -54,9 +60,11 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
     n_features_in_ : int
     """
 
-    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0) -> None:
+    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0,
+                 backend: str = "auto") -> None:
         self.kernel = kernel
         self.bandwidth = bandwidth
+        self.backend = backend
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -77,6 +85,7 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
         """
         _smoothing.check_bandwidth(self.bandwidth)
         _smoothing.smoothing_kernel(self.kernel, any_kernel=True)
+        resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         self.y_fit_ = check_y(y, Xv.shape[0], "NadarayaWatson")
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
@@ -99,7 +108,8 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=True)
         sums = _smoothing.log_sums(Xv, self.X_fit_, self.y_fit_, kernel=kernel, box=box,
-                                   bandwidth=float(self.bandwidth), name="dkern-nw")
+                                   bandwidth=float(self.bandwidth), name="dkern-nw",
+                                   backend=resolve_backend(self.backend))
         pred = da.map_blocks(_weighted_mean, sums, dtype=np.float64,
                              chunks=(sums.chunks[0], (sums.shape[1] - 2,)))
         if self.y_fit_.ndim == 1:

@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
+from ..backends import resolve_backend
 from ..operators import data_rows
 from ..operators.reductions import nearest_neighbors
 from ._validation import check_choice, check_labels, check_X, check_y, in_memory
@@ -27,13 +28,16 @@ class _Neighbors(BaseEstimator):
     :mod:`dkern.backends.neighbors`).
     """
 
-    def __init__(self, n_neighbors: int = 5, *, weights: str = "uniform") -> None:
+    def __init__(self, n_neighbors: int = 5, *, weights: str = "uniform",
+                 backend: str = "auto") -> None:
         self.n_neighbors = n_neighbors
         self.weights = weights
+        self.backend = backend
 
     def _fit_rows(self, X: Any) -> np.ndarray | da.Array:
         _check_k(self.n_neighbors)
         check_choice(self.weights, "weights", WEIGHTS)
+        resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
         self.n_samples_fit_ = int(Xv.shape[0])
@@ -69,7 +73,8 @@ class _Neighbors(BaseEstimator):
                              f"{' (the query is the training data itself)' if itself else ''}."
                              " Ask for fewer neighbours.")
         dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
-                                      data_rows(self.X_fit_, name="X_fit"), k + itself)
+                                      data_rows(self.X_fit_, name="X_fit"), k + itself,
+                                      backend=resolve_backend(self.backend))
         if itself:
             rows = da.arange(ind.shape[0], chunks=ind.chunks[0])[:, None]
             dist, ind = _drop_self(dist, ind, rows)
@@ -97,6 +102,9 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
     weights : {"uniform", "distance"}, default="uniform"
         ``"distance"``: weights ``1/d``; a query at distance 0 from training rows takes
         the mean of those rows' targets (as scikit-learn).
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the search is computed: numpy's candidate tiles, or KeOps' ``KMin_ArgKMin``
+        reduction (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
 
     Attributes
     ----------
@@ -152,6 +160,9 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     weights : {"uniform", "distance"}, default="uniform"
         ``"distance"``: votes weighted ``1/d``; a query at distance 0 from training rows
         takes those rows' votes only (as scikit-learn).
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the search is computed: numpy's candidate tiles, or KeOps' ``KMin_ArgKMin``
+        reduction (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
 
     Attributes
     ----------

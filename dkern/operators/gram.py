@@ -12,13 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import dask.array as da
-import numpy as np
-from dask.base import tokenize
 
 from ..backends import block_backend, resolve_backend
 from ..kernels import Kernel, check_n_features
 from .base import Operator, data_rows
-from .pairwise import pairwise_map, pairwise_reduce
+from .pairwise import pairwise_map, pairwise_reduce, pairwise_rows
 
 
 class GramOperator(Operator):
@@ -56,9 +54,8 @@ class GramOperator(Operator):
         if not self.is_square:
             raise ValueError(f"diag() needs a square operator gram(kernel, X); this one has "
                              f"shape {self.shape} with Z given.")
-        return da.map_blocks(self.blocks.kernel_diag, self.X, drop_axis=1, dtype=self.dtype,
-                             meta=np.empty((0,), self.dtype), kernel=self.kernel,
-                             name=f"dkern-gram-diag-{tokenize(self.kernel, self.X.name)}")
+        return pairwise_rows(self.blocks.kernel_diag, self.X, width=None, dtype=self.dtype,
+                             name="dkern-gram-diag", kernel=self.kernel)
 
     def kernel_blocks(self) -> da.Array:
         """The kernel values as a lazy (n, m) dask array, chunked like X's rows by Z's.

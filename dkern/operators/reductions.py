@@ -1,4 +1,4 @@
-"""The classic toolbox's passes over the data, as block functions on :func:`pairwise_reduce`.
+"""The classic toolbox's passes over the data, as backend blocks on :func:`pairwise_reduce`.
 
 =============================  =====================================  ====================
 pass                           block on (queries_i, training_j)       combined over j
@@ -7,8 +7,10 @@ kernel sums (KDE, N–W)         log-scaled ``Σ k``, ``Σ k t``           resca
 k nearest neighbours           top-k by (distance, index)             merge top-k
 =============================  =====================================  ====================
 
-Each returns a lazy dask array chunked like the queries; the training rows are read
-chunk by chunk and never gathered.
+The blocks are methods of the backend named (:mod:`dkern.backends.blocks`): numpy's
+tiles or KeOps' ``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions. Each pass
+returns lazy dask arrays chunked like the queries; the training rows are read chunk by
+chunk and never gathered.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 
-from ..backends.neighbors import merge_neighbors, nearest_block, sample_bound
-from ..backends.smoothing import merge_log_sums, weighted_log_sums_block
+from ..backends import block_backend
+from ..backends.neighbors import merge_neighbors, neighbors_dtype, sample_bound
+from ..backends.smoothing import merge_log_sums
 from ..kernels import Kernel
-from .pairwise import Operand, pairwise_reduce
+from .pairwise import Operand, pairwise_reduce, pairwise_rows
 
 __all__ = ["kernel_log_sums", "nearest_neighbors"]
 
@@ -29,7 +32,7 @@ SAMPLE_ROWS = 2048
 
 def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | None = None, *,
                     kernel: Kernel | None = None, box_width: float | None = None,
-                    scale: float = 1.0, name: str) -> da.Array:
+                    scale: float = 1.0, name: str, backend: str = "numpy") -> da.Array:
     """``[m, s₀, s₁ … s_T]`` per query row: ``Σₙ k = e^m s₀`` and ``Σₙ k tₙⱼ = e^m sⱼ``.
 
     Parameters
@@ -42,6 +45,8 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
         As :func:`dkern.backends.smoothing.weighted_log_sums_block`.
     name : str
         The dashboard's task prefix, e.g. ``"dkern-kde"``.
+    backend : {"numpy", "keops"}, default="numpy"
+        A concrete backend (:func:`dkern.backends.resolve_backend`).
 
     Returns
     -------
@@ -49,15 +54,27 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
     """
     operands: list[Operand] = [] if targets is None else [(targets, "cols")]
     width = 2 + (0 if targets is None else targets.shape[1])
-    return pairwise_reduce(weighted_log_sums_block, queries, training, operands, over="cols",
-                           width=width, name=name, combine=merge_log_sums,
+    return pairwise_reduce(block_backend(backend).weighted_log_sums, queries, training, operands,
+                           over="cols", width=width, name=name, combine=merge_log_sums,
                            labels=("X", "X_fit"), kernel=kernel, box_width=box_width,
                            scale=float(scale))
 
 
 def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
-                      name: str = "dkern-knn") -> tuple[da.Array, da.Array]:
+                      name: str = "dkern-knn", backend: str = "numpy") -> tuple[da.Array, da.Array]:
     """The k nearest training rows of every query row (Euclidean; ties to the lower index).
+
+    Partial results travel as records of :func:`~dkern.backends.neighbors.neighbors_dtype`
+    (float64 squared distances, int64 indices): indices are integers end to end.
+
+    Parameters
+    ----------
+    queries : dask.array.Array of shape (q, d)
+    training : dask.array.Array of shape (n, d)
+    k : int
+    name : str, default="dkern-knn"
+    backend : {"numpy", "keops"}, default="numpy"
+        A concrete backend (:func:`dkern.backends.resolve_backend`).
 
     Returns
     -------
@@ -65,14 +82,16 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
         Exact distances, ascending.
     indices : dask.array.Array of shape (q, k), int64
     """
+    k = int(k)
     # Each block would otherwise search from scratch, admitting ~k·ln(rows) candidates
     # per query row: a bound from the first rows (one chunk read) lets it admit only rows
     # nearer than some k training rows already are.
     sample = np.asarray(training[:max(k, SAMPLE_ROWS)].compute(), dtype=np.float64)
-    limit = da.map_blocks(sample_bound, queries, sample=sample, k=int(k), dtype=np.float64,
-                          chunks=(queries.chunks[0], (1,)), meta=np.empty((0, 1)))
-    index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.float64)[:, None]
-    packed = pairwise_reduce(nearest_block, queries, training, [(limit, "rows"), (index, "cols")],
-                             over="cols", width=2 * k, name=name, combine=merge_neighbors,
-                             labels=("X", "X_fit"), k=int(k))
-    return np.sqrt(packed[:, :k]), packed[:, k:].astype(np.int64)
+    limit = pairwise_rows(sample_bound, queries, width=1, dtype=np.float64,
+                          name=f"{name}-bound", broadcast={"sample": sample}, k=k)
+    index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.int64)[:, None]
+    records = pairwise_reduce(block_backend(backend).nearest, queries, training,
+                              [(limit, "rows"), (index, "cols")], over="cols", width=1,
+                              dtype=neighbors_dtype(k), name=name, combine=merge_neighbors,
+                              labels=("X", "X_fit"), k=k)
+    return np.sqrt(records["sq"][:, 0]), records["index"][:, 0]
