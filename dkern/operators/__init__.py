@@ -6,11 +6,11 @@ from __future__ import annotations
 from .base import Operator, data_rows
 from .gram import GramOperator, gram
 from .memory import persist_budget
-from .pairwise import pairwise_map, pairwise_reduce
+from .pairwise import pairwise_map, pairwise_reduce, pairwise_rows
 from .scaled import IdentityPlusScaled
 from .shifted import ShiftedOperator
 
 __all__ = [
     "GramOperator", "IdentityPlusScaled", "Operator", "ShiftedOperator", "data_rows", "gram",
-    "pairwise_map", "pairwise_reduce", "persist_budget",
+    "pairwise_map", "pairwise_reduce", "pairwise_rows", "persist_budget",
 ]
