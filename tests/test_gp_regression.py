@@ -15,7 +15,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dkern
 from dkern import GaussianProcessRegressor
-from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError
+from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError, StoreError
 from dkern.kernels import Gaussian, Matern, Scaled
 from dkern.models import _gp_optimize, gaussian_process
 from dkern.solvers.lanczos import LanczosResult, lanczos_predict
@@ -378,8 +378,9 @@ def test_save_and_load_give_identical_predictions(tmp_path, solver, random_state
     assert back.log_marginal_likelihood_value_ == gp.log_marginal_likelihood_value_
 
 
-def test_a_file_without_the_pivot_seed_loads_with_random_states_pivots(tmp_path):
-    """Files written before dkern stored ``pivot_seed``: the pivots come from random_state."""
+def test_a_file_without_the_pivot_seed_is_refused_naming_it(tmp_path):
+    """Every released file stores ``pivot_seed`` (format 2 is the first released): a file
+    without it is refused, not loaded with pivots guessed from random_state."""
     url = str(tmp_path / "gp.zarr")
     with dask.config.set(scheduler="synchronous"):
         gp = GaussianProcessRegressor(Gaussian(1.0), alpha=NOISE, solver="cg", optimizer=None,
@@ -389,9 +390,9 @@ def test_a_file_without_the_pivot_seed_loads_with_random_states_pivots(tmp_path)
         fitted = dkern.io.read_attrs(url)["fitted"]
         assert fitted.pop("pivot_seed") == 3
         dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"fitted": fitted})
-        back = dkern.load(url)
-        got, want = (m.predict(X_TEST[:20], return_std=True)[1] for m in (back, gp))
-    np.testing.assert_array_equal(got, want)
+        with pytest.raises(StoreError, match=r"'fitted' attributes name \['pivot_seed'\] "
+                                             r"\(missing, needed by dkern.load"):
+            dkern.load(url)
 
 
 # ------------------------------------------------------------------------- bad input

@@ -15,12 +15,13 @@ from ..io import is_lazy
 from ..kernels import Gaussian, Kernel
 from ..solvers.sampling import gather_rows
 from . import _smoothing
+from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import as_generator, check_X, in_memory
 
 logger = logging.getLogger(__name__)
 
 
-class KernelDensity(BaseEstimator):
+class KernelDensity(DeclaredState, BaseEstimator):
     """Parzen kernel density estimation on data larger than memory.
 
     The density of the N training rows xₙ (D features) at x is the seeds' Parzen estimate
@@ -146,6 +147,12 @@ class KernelDensity(BaseEstimator):
         if box:
             return rows + h * rng.uniform(-0.5, 0.5, size=shape)
         return rows + h * _lengthscales(kernel, shape[1]) * rng.standard_normal(size=shape)
+
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``). "kernel" is a
+    #: dkern kernel's repr, or null for a named one (then in "params").
+    _model_file = ModelFile(marker="log_norm_", kernel="given", layouts=FileLayout(
+        arrays={"X_fit": ("n", "d")}, lazy=("X_fit",),
+        scalars={"n_features_in_": "positive", "log_norm_": "number"}))
 
 
 def _lengthscales(kernel: Kernel | None, d: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from ..solvers.checkpoint import check_checkpoint
 from . import _gp_methods
 from ._gp_optimize import check_optimizer, learned_exact_kernel, learned_sparse_posterior
 from ._gp_outputs import TargetScaling, predictive
+from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, targets_dim
 from ._validation import (
     as_float64,
     check_out_is_not_input,
@@ -56,9 +57,12 @@ logger = logging.getLogger(__name__)
 MAX_COV_BYTES = 2**30
 
 Posterior = ExactPosterior | CGPosterior | LanczosPosterior | SparsePosterior
+#: The SGPR statistics' scalars in a ``"nystrom"`` model's file (the posterior's
+#: ``trace``, ``n`` and ``jitter``).
+_SPARSE_SCALARS = {"sgpr_trace": "number", "sgpr_n": "positive", "sgpr_jitter": "number"}
 
 
-class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
+class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
     """Gaussian process regression on data larger than memory.
 
     With ``t = f(x) + ε``, ``C = K + alpha I`` (``alpha`` added to the diagonal exactly
@@ -506,40 +510,64 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                  for k in range(mean.shape[1])]
         return np.hstack(draws)
 
-    # ------------------------------------------- state (model files: ._gp_store)
-    def _state(self) -> dict[str, Any]:
-        """The fitted state beyond the public attributes: the preconditioner's pivot seed,
-        the target scaling and (``"nystrom"``) the posterior's statistics."""
-        state = {"pivot_seed": getattr(self, "_pivot_seed", None),
-                 "y_train_mean": self._targets.mean, "y_train_std": self._targets.std}
-        if self.solver_ == "nystrom":
-            state.update(self._posterior.state())
-        return state
+    # ------------------------------------------------------------ model file
+    #: The file :func:`dkern.save` writes: arrays by dimension (``n`` rows, ``m`` centres,
+    #: ``d`` features, ``t`` targets; "t?": (n,) or (n, t)). Exact and CG models keep the
+    #: training data and ``pivot_seed`` (the CG preconditioner is rebuilt from the same
+    #: pivots); sparse ones only the M-sized SGPR statistics. "fitted_kernel" is ``kernel_``.
+    _model_file = ModelFile(
+        marker="alpha_", kernel="learned", dims=(centers_dim, targets_dim),
+        layouts={solver: FileLayout(
+            arrays=({"centers": ("m", "d"), "alpha": ("m", "t?"), "L": ("m", "m"),
+                     "P": ("m", "m"), "b": ("m", "t"), "yty": ("t",)} if solver == "nystrom"
+                    else {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?")}
+                    | ({"L": ("n", "n")} if solver == "exact" else {})),
+            scalars={"solver_": "str", "n_iter_": "count", "converged_": "bool",
+                     "n_features_in_": "positive", "variance_": "str",
+                     "log_marginal_likelihood_value_": "number or null",
+                     "y_train_mean": "numbers", "y_train_std": "numbers"}
+            | (_SPARSE_SCALARS if solver == "nystrom" else {"pivot_seed": "count"}),
+            lazy=("alpha",) if solver == "nystrom" else ("alpha", "X_train", "y_train"),
+            private=frozenset({"y_train_mean", "y_train_std"}
+                              | ({"L", "P", "b", "yty", *_SPARSE_SCALARS}
+                                 if solver == "nystrom" else {"pivot_seed"})))
+            for solver in _gp_methods.SOLVERS[1:]})
 
-    def _set_state(self, solver: str, variance: str, state: dict[str, Any]) -> None:
-        """Become the fitted model ``state`` describes (with ``kernel_`` set): the entries
-        :meth:`_state` gives, and the arrays ``alpha_``, ``X_train_``, ``y_train_``, ``L_``."""
-        self.alpha_ = a = state["alpha_"]
+    def _file_state(self) -> dict[str, Any]:
+        """The declared state: the public attributes, the target scaling, and the pivot
+        seed or (``"nystrom"``) the posterior's SGPR statistics."""
+        state = {**super()._file_state(), "y_train_mean": self._targets.mean,
+                 "y_train_std": self._targets.std}
+        if self.solver_ != "nystrom":
+            return {**state, "pivot_seed": self._pivot_seed}
+        stats = self._posterior.state()
+        return {**state, **{name: stats[name] for name in ("L", "P", "b", "yty")},
+                **{name: stats[name[len("sgpr_"):]] for name in _SPARSE_SCALARS}}
+
+    def _set_file_state(self, state: dict[str, Any]) -> None:
+        """Become the fitted model ``state`` describes (``kernel_`` set): the attributes,
+        then the posterior, rebuilt as the fit left it."""
+        super()._set_file_state(state)
+        a, solver = self.alpha_, self.solver_
         self._targets = TargetScaling(state["y_train_mean"], state["y_train_std"], a.ndim == 1,
                                       a.ndim == 2 and a.shape[1] == 1)
         alpha = self._checked_alpha(solver)
         if solver == "nystrom":
-            self._bind(SparsePosterior.from_state({**state, "kernel": self.kernel_,
-                                                   "alpha": alpha}))
-            self.centers_ = self._posterior.centers
+            self._bind(SparsePosterior.from_state({
+                "kernel": self.kernel_, "centers": self.centers_, "alpha": alpha,
+                **{name: state[name] for name in ("L", "P", "b", "yty")},
+                **{name[len("sgpr_"):]: state[name] for name in _SPARSE_SCALARS}}))
             return
-        self.X_train_, self.y_train_ = state["X_train_"], state["y_train_"]
         self._pivot_seed = state["pivot_seed"]
         solved: Posterior
         if solver == "exact":
-            self.L_ = state["L_"]
             solved = ExactPosterior(self.kernel_, np.asarray(self.X_train_), a, self.L_,
                                     backend=self.backend)
         else:
             solved = CGPosterior(self.kernel_, self.X_train_, a, alpha=alpha,
                                  rank=self.preconditioner_rank, pivot_seed=self._pivot_seed,
                                  tol=check_tol(self.tol), backend=self.backend)
-        self._bind(self._answering(solved, variance, alpha))
+        self._bind(self._answering(solved, self.variance_, alpha))
 
 
 def _check_cov_size(m: int) -> None:

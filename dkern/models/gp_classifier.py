@@ -18,6 +18,7 @@ from ..operators import gram
 from ..solvers import EXACT_MAX_N
 from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
+from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim
 from ._validation import (
     check_choice,
     check_labels,
@@ -38,7 +39,7 @@ MULTI_CLASS = ("one_vs_rest", "binary")
 PROBABILITIES = ("sklearn", "probit")
 
 
-class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
+class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
     """Gaussian process classification by the Laplace approximation (logistic link).
 
     For 0/1 targets ``t``, ``π = σ(f)`` and ``W = diag(π(1 − π))``, Newton's method finds the
@@ -396,3 +397,17 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             Ks = _laplace.dense_grams(self._kernels(), np.asarray(self.X_fit_, dtype=np.float64))
             self._chols = [dense_factor(K, pi)[1] for K, pi in zip(Ks, self._pis(), strict=True)]
         return self._chols
+
+    #: The file :func:`dkern.save` writes: ``X_fit``, ``y_train`` (labels as indices into
+    #: ``classes_``) and ``pi`` (``p`` binary problems, 1 for two classes: ``pi`` is then
+    #: 1-D); never the n × n factors, rebuilt from ``pi_`` on first use. "fitted_kernel" is
+    #: ``kernel_`` (a list for one-vs-rest); ``classes_`` is JSON with its dtype.
+    _model_file = ModelFile(marker="pi_", kernel="learned", dims=(problems_dim,),
+                            layouts=dict.fromkeys(SOLVERS[1:], FileLayout(
+                                arrays={"X_fit": ("n", "d"), "y_train": ("n",),
+                                        "pi": ("n", "p?")},
+                                scalars={"solver_": "str", "n_iter_": "counts",
+                                         "n_features_in_": "positive", "n_classes_": "positive",
+                                         "log_marginal_likelihood_value_": "number or null",
+                                         "classes_": "labels"},
+                                lazy=("X_fit", "pi"))))

@@ -17,6 +17,7 @@ from ..errors import ConvergenceWarning
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from . import _klr
+from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim, residual_rows_dim
 from ._validation import (
     as_generator,
     check_alpha,
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("newton-cg", "gd")
 
 
-class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
+class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
     """Kernel logistic regression (no intercept), binary and one-vs-rest, on data larger
     than memory.
 
@@ -233,3 +234,15 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
             return da.map_blocks(self.classes_.take, index, dtype=self.classes_.dtype)
         return self.classes_[index]
 
+    #: The file :func:`dkern.save` writes: arrays by dimension (``n`` rows, ``d`` features,
+    #: ``p`` binary problems, 1 for two classes: ``dual_coef`` is then 1-D; ``r`` =
+    #: n_iter_ + 1 residual rows); ``classes_`` as JSON with its dtype.
+    _model_file = ModelFile(marker="dual_coef_", kernel="fitted",
+                            dims=(problems_dim, residual_rows_dim),
+                            layouts=dict.fromkeys(SOLVERS, FileLayout(
+                                arrays={"dual_coef": ("n", "p?"), "X_fit": ("n", "d"),
+                                        "residuals": ("r", "p")},
+                                scalars={"solver_": "str", "n_iter_": "count",
+                                         "converged_": "bool", "n_features_in_": "positive",
+                                         "classes_": "labels"},
+                                lazy=("dual_coef", "X_fit"))))

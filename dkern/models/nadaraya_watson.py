@@ -14,12 +14,13 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..io import is_lazy
 from . import _smoothing
+from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import check_X, check_y
 
 logger = logging.getLogger(__name__)
 
 
-class NadarayaWatson(RegressorMixin, BaseEstimator):
+class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
     """Nadaraya–Watson kernel regression on data larger than memory.
 
     The prediction at x is the kernel-weighted mean of the training targets, as the seeds
@@ -114,6 +115,12 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
                           f"are NaN. Widen the bandwidth (now {self.bandwidth}) or use the "
                           "Gaussian kernel.", RuntimeWarning, stacklevel=2)
         return out
+
+    #: The file :func:`dkern.save` writes: the training rows and targets (``n`` rows, ``d``
+    #: features, ``t`` targets; "t?": (n,) or (n, t)). "kernel" as :class:`KernelDensity`'s.
+    _model_file = ModelFile(marker="y_fit_", kernel="given", layouts=FileLayout(
+        arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")}, lazy=("X_fit", "y_fit"),
+        scalars={"n_features_in_": "positive"}))
 
 
 def _weighted_mean(sums: np.ndarray) -> np.ndarray:

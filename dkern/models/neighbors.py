@@ -14,12 +14,13 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..operators import data_rows
 from ..operators.reductions import nearest_neighbors
+from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
 from ._validation import check_choice, check_labels, check_X, check_y, in_memory
 
 WEIGHTS = ("uniform", "distance")
 
 
-class _Neighbors(BaseEstimator):
+class _Neighbors(DeclaredState, BaseEstimator):
     """Exact Euclidean k-nearest neighbours: per-chunk top-k merged across chunks.
 
     Of training rows at the same distance the lower index comes first (in every
@@ -140,6 +141,15 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
             pred = _weighted_mean(ind, w, y=y2)
         return pred[:, 0] if self.y_fit_.ndim == 1 else pred
 
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and targets
+    #: (held in memory; "t?": (n,) or (n, t)); no kernel.
+    _model_file = ModelFile(marker="y_fit_", kernel="given", dims=(samples_dim,),
+                            layouts=FileLayout(
+                                arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")},
+                                lazy=("X_fit",),
+                                scalars={"n_features_in_": "positive",
+                                         "n_samples_fit_": "positive"}))
+
 
 class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     """k-nearest-neighbour classification: the (optionally distance-weighted) majority
@@ -198,6 +208,15 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         if isinstance(winner, da.Array):
             return da.map_blocks(self.classes_.take, winner, dtype=self.classes_.dtype)
         return self.classes_[winner]
+
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and their
+    #: labels as indices into ``classes_`` (JSON, with its dtype); no kernel.
+    _model_file = ModelFile(marker="y_codes_", kernel="given", dims=(samples_dim,),
+                            layouts=FileLayout(
+                                arrays={"X_fit": ("n", "d"), "y_codes": ("n",)},
+                                lazy=("X_fit",),
+                                scalars={"n_features_in_": "positive",
+                                         "n_samples_fit_": "positive", "classes_": "labels"}))
 
 
 def _check_k(k: Any) -> int:
