@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 class KernelDensity(DeclaredState, BaseEstimator):
     """Parzen kernel density estimation on data larger than memory.
 
-    The density of the N training rows xₙ (D features) at x is the seeds' Parzen estimate
+    The density of the N training rows xₙ (D features) at x is Parzen's estimate
+    (Bishop 2006, §2.5.1)
 
     .. math:: p(x) = \\frac1N \\sum_{n=1}^N \\frac1{h^D}\\, k\\Bigl(\\frac{x - x_n}{h}\\Bigr),
 
@@ -34,7 +35,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
 
     Kernels: ``"gaussian"``, ``k(u) = (2π)^{-D/2} exp(-‖u‖²/2)``, equal to
     :class:`sklearn.neighbors.KernelDensity` with ``kernel="gaussian"`` and the same
-    bandwidth; ``"box"``, the seeds' hypercube ``k(u) = 1`` where every ``|uᵢ| ≤ 1/2``
+    bandwidth; ``"box"``, Bishop's hypercube ``k(u) = 1`` where every ``|uᵢ| ≤ 1/2``
     (side h, volume h^D), else 0 — scikit-learn's ``"tophat"`` is instead a ball of radius
     h, so they agree in one dimension only, dkern's box of bandwidth 2h being
     scikit-learn's tophat of bandwidth h; a dkern ``Gaussian(lengthscale=ℓ)`` (ARD allowed),

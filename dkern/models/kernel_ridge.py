@@ -85,8 +85,8 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         ``"cg"``: CG on the lazy ``K + alpha I`` with a rank-``CG_PRECONDITIONER_RANK``
         Nyström preconditioner (randomly pivoted Cholesky). ``"nystrom"``: Falkon with M
         centres, an approximation of the model (see above). ``"gd"``: kernelised gradient
-        descent (the seeds' representer-theorem learner), ``c ← c + τ (y − (K + αI) c)``
-        from ``c = 0`` with ``τ = 1 / λ_max(K + αI)`` estimated by 20 Lanczos steps
+        descent (Yao, Rosasco & Caponnetto 2007), ``c ← c + τ (y − (K + αI) c)`` from
+        ``c = 0`` with ``τ = 1 / λ_max(K + αI)`` estimated by 20 Lanczos steps
         (:func:`dkern.solvers.gd`); the same solution as ``"cg"`` to ``tol`` but after about
         ``κ ln(1/tol)`` iterations, ``κ = λ_max(K + αI) / α``, against CG's ``√κ``, so
         ``"auto"`` never picks it. ``"auto"`` never trades accuracy: exact up to

@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
     """Nadaraya–Watson kernel regression on data larger than memory.
 
-    The prediction at x is the kernel-weighted mean of the training targets, as the seeds
-    derive it from a Parzen estimate of the joint density of (x, t):
+    The prediction at x is the kernel-weighted mean of the training targets, as Bishop
+    (2006, §6.3.1) derives it from a Parzen estimate of the joint density of (x, t):
 
     .. math:: y(x) = \\frac{\\sum_n k\\bigl((x - x_n)/h\\bigr)\\, t_n}
                           {\\sum_m k\\bigl((x - x_m)/h\\bigr)}.
