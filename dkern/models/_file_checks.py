@@ -66,7 +66,7 @@ def _stored(url: str, models: Mapping[str, type]
     dtype, chunks), both from one read of the store's pointer, before any array is read."""
     attrs, manifest = read_manifest(url)
     kind = attrs.get("dkern_model")
-    if kind not in models:
+    if not isinstance(kind, str) or kind not in models:
         raise StoreError(
             f"{url!r} is not a dkern model store: expected the attribute 'dkern_model' (one of "
             f"{sorted(models)}) written by dkern.save; found {kind!r}, attributes "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import Any, ClassVar
 
 import numpy as np
@@ -204,7 +203,7 @@ def samples_dim(params: Mapping[str, Any], fitted: Mapping[str, Any]
 
 # ---------------------------------------------------------------- scalar kinds
 def _is_count(value: Any, minimum: int) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool) and value >= minimum
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def is_dtype(value: Any, kinds: str) -> bool:

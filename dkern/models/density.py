@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
-from ..io import is_lazy
+from ..io import Rows, is_lazy
 from ..kernels import Gaussian, Kernel
 from ..solvers.sampling import gather_rows
 from . import _smoothing
@@ -61,7 +61,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self.kernel = kernel
         self.bandwidth = bandwidth
 
-    def fit(self, X: Any, y: Any = None) -> KernelDensity:
+    def fit(self, X: Rows, y: Rows | None = None) -> KernelDensity:
         """Keep the training rows (nothing is computed until a density is asked for).
 
         Parameters
@@ -90,7 +90,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         return self
 
     @worker_failures()
-    def score_samples(self, X: Any) -> Any:
+    def score_samples(self, X: Rows) -> Any:
         """The log-density ``log p(x)`` of each row of X.
 
         Parameters
@@ -111,7 +111,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
                              dtype=np.float64, meta=np.empty(0))
         return _smoothing.finish(logp, is_lazy(X))
 
-    def score(self, X: Any, y: Any = None) -> float:
+    def score(self, X: Rows, y: Rows | None = None) -> float:
         """The total log-likelihood ``Σ log p(x)`` of the rows of X (as scikit-learn's).
 
         Parameters

@@ -20,7 +20,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
-from ..io import is_store_ref
+from ..io import Rows, is_store_ref
 from ..kernels import Gaussian, Kernel, Scaled
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N
 from ..solvers.checkpoint import check_checkpoint
@@ -241,7 +241,7 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fit
     @worker_failures()
-    def fit(self, X: Any, y: Any, *,
+    def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None
             ) -> GaussianProcessRegressor:
         """Fit the GP: learn the hyperparameters (if ``optimizer``), then solve ``C a = t``.
@@ -366,7 +366,7 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
 
     # ------------------------------------------------------------- predict
     @worker_failures()
-    def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
+    def predict(self, X: Rows, return_std: bool = False, return_cov: bool = False,
                 out: tuple[str, str] | None = None, *, overwrite: bool = False) -> Any:
         """Posterior mean, and the latent standard deviation or covariance, at X.
 
@@ -483,7 +483,7 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
         Xd, Yd = training_data(self.X_train_, self.y_train_)
         return SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
 
-    def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
+    def sample_y(self, X: Rows, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
         """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn
         (before ``fit``: from the prior).
 
@@ -561,7 +561,7 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
         self._pivot_seed = state["pivot_seed"]
         solved: Posterior
         if solver == "exact":
-            solved = ExactPosterior(self.kernel_, np.asarray(self.X_train_), a, self.L_,
+            solved = ExactPosterior(self.kernel_, np.asarray(self.X_train_), np.asarray(a), self.L_,
                                     backend=self.backend)
         else:
             solved = CGPosterior(self.kernel_, self.X_train_, a, alpha=alpha,

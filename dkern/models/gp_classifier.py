@@ -13,6 +13,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from ..io import Rows
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N
@@ -147,7 +148,7 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         self.backend = backend
         self.random_state = random_state
 
-    def fit(self, X: Any, y: Any) -> GaussianProcessClassifier:
+    def fit(self, X: Rows, y: Rows) -> GaussianProcessClassifier:
         """Learn the hyperparameters (if ``optimizer``), then find the Laplace posterior of
         each binary problem.
 
@@ -229,7 +230,7 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         return float(np.mean([_laplace.log_evidence(m.psi, L)
                               for m, L in zip(modes, chols, strict=True)]))
 
-    def predict_proba(self, X: Any) -> np.ndarray:
+    def predict_proba(self, X: Rows) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
 
         Parameters
@@ -249,7 +250,7 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
             return np.column_stack([1 - P[:, 0], P[:, 0]])
         return P / P.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
 
-    def predict(self, X: Any) -> np.ndarray:
+    def predict(self, X: Rows) -> np.ndarray:
         """The most probable class: for two classes, the sign of the latent mean (R&W §3.4.2).
 
         Parameters

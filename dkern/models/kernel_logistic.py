@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..errors import ConvergenceWarning
+from ..io import Rows
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from . import _klr
@@ -119,7 +120,7 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
         self.random_state = random_state
 
     @worker_failures()
-    def fit(self, X: Any, y: Any, *,
+    def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelLogisticRegression:
         """Fit the model.
 
@@ -181,7 +182,7 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
                                      callback=callback)
 
     @worker_failures()
-    def decision_function(self, X: Any) -> Any:
+    def decision_function(self, X: Rows) -> Any:
         """The scores ``K(X, X_fit_) @ dual_coef_`` (the log-odds of each problem).
 
         Parameters
@@ -199,7 +200,7 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
                       name="dkern-predict") @ self.dual_coef_
         return scores.compute() if isinstance(Xv, np.ndarray) else scores
 
-    def predict_proba(self, X: Any) -> Any:
+    def predict_proba(self, X: Rows) -> Any:
         """Class probabilities, columns in the order of ``classes_``.
 
         Parameters
@@ -217,7 +218,7 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
             return lib.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
 
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The most probable class (two classes: ``classes_[1]`` where the score is > 0).
 
         Parameters

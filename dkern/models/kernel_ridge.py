@@ -13,7 +13,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
-from ..io import is_store_ref, write_array
+from ..io import Rows, is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.nystrom import NystromOperator
@@ -186,7 +186,7 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         return tags
 
     @worker_failures()
-    def fit(self, X: Any, y: Any, *,
+    def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelRidge:
         """Fit the model.
 
@@ -236,7 +236,7 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         return self
 
     @worker_failures()
-    def predict(self, X: Any, out: tuple[str, str] | None = None, *,
+    def predict(self, X: Rows, out: tuple[str, str] | None = None, *,
                 overwrite: bool = False) -> Any:
         """Predict ``K(X, X_fit_) @ dual_coef_`` (or ``K(X, centers_) @ dual_coef_``).
 

@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
-from ..io import is_lazy
+from ..io import Rows, is_lazy
 from . import _smoothing
 from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import check_X, check_y
@@ -64,7 +64,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> NadarayaWatson:
+    def fit(self, X: Rows, y: Rows) -> NadarayaWatson:
         """Keep the training rows and targets (nothing is computed until ``predict``).
 
         Parameters
@@ -84,7 +84,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         return self
 
     @worker_failures()
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The kernel-weighted mean of the training targets at each row of X.
 
         Parameters

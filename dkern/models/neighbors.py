@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
+from ..io import Rows
 from ..operators import data_rows
 from ..operators.reductions import nearest_neighbors
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
@@ -41,7 +42,7 @@ class _Neighbors(DeclaredState, BaseEstimator):
         return Xv
 
     @worker_failures()
-    def kneighbors(self, X: Any = None, n_neighbors: int | None = None,
+    def kneighbors(self, X: Rows | None = None, n_neighbors: int | None = None,
                    return_distance: bool = True) -> Any:
         """The nearest training rows of each row of X.
 
@@ -113,7 +114,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> KNeighborsRegressor:
+    def fit(self, X: Rows, y: Rows) -> KNeighborsRegressor:
         """Keep the training rows and targets (no index to build: search is exhaustive).
 
         Parameters
@@ -129,7 +130,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         self.y_fit_ = in_memory(check_y(y, Xv.shape[0], "KNeighborsRegressor"))
         return self
 
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T)."""
         check_is_fitted(self, "y_fit_")
         ind, w = self._neighbour_weights(X)
@@ -173,7 +174,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     n_samples_fit_, n_features_in_ : int
     """
 
-    def fit(self, X: Any, y: Any) -> KNeighborsClassifier:
+    def fit(self, X: Rows, y: Rows) -> KNeighborsClassifier:
         """Keep the training rows and labels.
 
         Parameters
@@ -191,7 +192,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         self.classes_, self.y_codes_ = np.unique(labels, return_inverse=True)
         return self
 
-    def predict_proba(self, X: Any) -> Any:
+    def predict_proba(self, X: Rows) -> Any:
         """The neighbours' (weighted) vote shares; shape (m, n_classes), columns as ``classes_``."""
         check_is_fitted(self, "y_codes_")
         ind, w = self._neighbour_weights(X)
@@ -201,7 +202,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
                                  dtype=np.float64, chunks=(ind.chunks[0], (n_classes,)))
         return _vote_shares(ind, w, codes=self.y_codes_, n_classes=n_classes)
 
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The class with the largest vote share per row of X; shape (m,)."""
         shares = self.predict_proba(X)
         winner = shares.argmax(axis=1)

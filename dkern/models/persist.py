@@ -58,7 +58,7 @@ from ..errors import DkernError, StoreError
 from ..io import open_array, read_attrs, write_arrays
 from ..kernels import Kernel, from_repr
 from ._file_checks import MODEL_FORMAT, checked_model_file
-from ._model_file import DeclaredState, ModelFile, decode_scalars, encode_scalars
+from ._model_file import ModelFile, decode_scalars, encode_scalars
 from ._validation import existing_arrays
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
@@ -76,7 +76,7 @@ Model = (KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
          | KernelLogisticRegression | KernelDensity | NadarayaWatson | KNeighborsRegressor
          | KNeighborsClassifier)
 #: The model classes a file may hold, by its "dkern_model" attribute.
-MODELS: dict[str, type[DeclaredState]] = {cls.__name__: cls for cls in (
+MODELS: dict[str, Any] = {cls.__name__: cls for cls in (
     KernelRidge, GaussianProcessRegressor, GaussianProcessClassifier, KernelLogisticRegression,
     KernelDensity, NadarayaWatson, KNeighborsRegressor, KNeighborsClassifier)}
 
@@ -137,7 +137,7 @@ def _kernel_and_params(model: Model, stored: str) -> dict[str, Any]:
         text = _kernel_text(params.pop("kernel")) if isinstance(kernel, Kernel) else None
         return {"kernel": text, "kernel_is_default": False, "params": params}
     fitted_text = _fitted_kernel_text(model.kernel_)
-    attrs = {"kernel": fitted_text, "kernel_is_default": model.kernel is None,
+    attrs: dict[str, Any] = {"kernel": fitted_text, "kernel_is_default": model.kernel is None,
              "params": _json_params(model)}
     if stored == "learned":  # learned hyperparameters: the fitted kernel differs from the one given
         attrs["kernel"] = _kernel_text(model.kernel) if model.kernel is not None else None
