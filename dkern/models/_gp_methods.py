@@ -1,5 +1,6 @@
 """Which solver and variance method a :class:`~dkern.models.GaussianProcessRegressor` uses:
-its parameter checks and the ``"auto"`` choices, with errors that name the fix."""
+its parameter checks and the ``"auto"`` choices, with errors that name the fix; and what
+each solver's model file holds (:data:`MODEL_FILE`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._model_file import FileLayout, ModelFile, centers_dim, targets_dim
 from ._validation import check_alpha, check_choice, check_optional_int
 from .posteriors import check_solver_fits, choose_solver
 
@@ -92,3 +94,32 @@ def checked_noise(alpha: Any, solver: str) -> float:
     value = alpha.item() if isinstance(alpha, np.ndarray) else alpha  # shape (1,)
     return check_alpha(value, solver, role="the noise variance added to the diagonal",
                        example="1e-6")
+
+
+#: The SGPR statistics' scalars in a ``"nystrom"`` model's file (the posterior's
+#: ``trace``, ``n`` and ``jitter``).
+SPARSE_SCALARS = {"sgpr_trace": "number", "sgpr_n": "positive", "sgpr_jitter": "number"}
+
+#: The regressor's model file (:mod:`dkern.models.persist`) per solver: arrays by dimension
+#: (``n`` rows, ``m`` centres, ``d`` features, ``t`` targets; "t?": (n,) or (n, t)). Exact
+#: and CG models keep the training data and ``pivot_seed`` (the CG preconditioner is
+#: rebuilt from the same pivots); sparse ones only the M-sized SGPR statistics.
+#: "fitted_kernel" is ``kernel_``; the private names are the estimator's target scaling
+#: and its posterior's state.
+MODEL_FILE = ModelFile(
+    marker="alpha_", kernel="learned", dims=(centers_dim, targets_dim),
+    layouts={solver: FileLayout(
+        arrays=({"centers": ("m", "d"), "alpha": ("m", "t?"), "L": ("m", "m"),
+                 "P": ("m", "m"), "b": ("m", "t"), "yty": ("t",)} if solver == "nystrom"
+                else {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?")}
+                | ({"L": ("n", "n")} if solver == "exact" else {})),
+        scalars={"solver_": "str", "n_iter_": "count", "converged_": "bool",
+                 "n_features_in_": "positive", "variance_": "str",
+                 "log_marginal_likelihood_value_": "number or null",
+                 "y_train_mean": "numbers", "y_train_std": "numbers"}
+        | (SPARSE_SCALARS if solver == "nystrom" else {"pivot_seed": "count"}),
+        lazy=("alpha",) if solver == "nystrom" else ("alpha", "X_train", "y_train"),
+        private=frozenset({"y_train_mean", "y_train_std"}
+                          | ({"L", "P", "b", "yty", *SPARSE_SCALARS}
+                             if solver == "nystrom" else {"pivot_seed"})))
+        for solver in SOLVERS[1:]})

@@ -25,9 +25,15 @@ from ..kernels import Gaussian, Kernel, Scaled
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N
 from ..solvers.checkpoint import check_checkpoint
 from . import _gp_methods
-from ._gp_optimize import check_optimizer, learned_exact_kernel, learned_sparse_posterior
-from ._gp_outputs import TargetScaling, predictive
-from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, targets_dim
+from ._gp_optimize import (
+    check_optimizer,
+    evidence_at,
+    learned_exact_kernel,
+    learned_sparse_posterior,
+)
+from ._gp_outputs import TargetScaling, draws, predictive
+from ._gp_posterior import rebuilt, solve, sparse_file_state
+from ._model_file import DeclaredState
 from ._validation import (
     as_float64,
     check_out_is_not_input,
@@ -48,8 +54,6 @@ from .posteriors import (
     variance_posterior,
 )
 from .posteriors.cg import computing_client_id
-from .posteriors.exact import log_marginal_likelihood
-from .posteriors.sparse import SparseBound, training_data
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +61,6 @@ logger = logging.getLogger(__name__)
 MAX_COV_BYTES = 2**30
 
 Posterior = ExactPosterior | CGPosterior | LanczosPosterior | SparsePosterior
-#: The SGPR statistics' scalars in a ``"nystrom"`` model's file (the posterior's
-#: ``trace``, ``n`` and ``jitter``).
-_SPARSE_SCALARS = {"sgpr_trace": "number", "sgpr_n": "positive", "sgpr_jitter": "number"}
 
 
 class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
@@ -290,8 +291,16 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
                 kernel, Xw, yw, alpha, optimizer=self.optimizer,
                 n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
                 default_kernel=self.kernel is None)
-            solved = self._solve(solver, Xw, yw, alpha, tol, callback)
-            self.alpha_ = solved.weights
+            done = solve(solver, self.kernel_, Xw, yw, alpha,
+                         lml=self.log_marginal_likelihood_value_,
+                         rank=self.preconditioner_rank, pivot_seed=self._pivot_seed, tol=tol,
+                         backend=self.backend, progress=bool(self.verbose), callback=callback,
+                         checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
+            solved, self.alpha_ = done.posterior, done.posterior.weights
+            self.n_iter_, self.converged_ = done.n_iter, done.converged
+            self.log_marginal_likelihood_value_ = done.log_marginal_likelihood
+            if solver == "exact":
+                self.L_ = done.posterior.L
         self.solver_, self.variance_ = solver, variance
         self._bind(self._answering(solved, variance, alpha))
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
@@ -316,29 +325,6 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
         self.alpha_ = np.ascontiguousarray(w[:, 0] if y.ndim == 1 else w)
         self.n_iter_, self.converged_ = 1, True  # direct M x M factorisations
         return posterior
-
-    def _solve(self, solver: str, X: Any, y: Any, alpha: float, tol: float,
-               callback: Any) -> ExactPosterior | CGPosterior:
-        """``C a = t`` by Cholesky or CG; the exact LML too where it is not yet known."""
-        n = X.shape[0]
-        if solver == "exact":
-            posterior = ExactPosterior.fit(self.kernel_, X, in_memory(y), alpha,
-                                           backend=self.backend)
-            self.L_, self.n_iter_, self.converged_ = posterior.L, 1, True
-            if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
-                self.log_marginal_likelihood_value_ = posterior.log_marginal_likelihood(
-                    in_memory(y).reshape(n, -1))
-            return posterior
-        cg_posterior, result = CGPosterior.fit(
-            self.kernel_, X, y, alpha=alpha, rank=self.preconditioner_rank,
-            pivot_seed=self._pivot_seed, tol=tol, backend=self.backend,
-            progress=bool(self.verbose), callback=callback, checkpoint=self.checkpoint,
-            checkpoint_every=self.checkpoint_every)
-        self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
-        if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
-            self.log_marginal_likelihood_value_ = log_marginal_likelihood(
-                self.kernel_, in_memory(X), in_memory(y).reshape(n, -1), alpha, False)[0]
-        return cg_posterior
 
     def _answering(self, solved: Posterior, variance: str, alpha: float) -> Posterior:
         """The posterior that answers ``variance_`` beside the solver's weights."""
@@ -461,27 +447,11 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
             if eval_gradient:
                 raise ValueError("Gradient can only be evaluated for theta!=None")
             return self.log_marginal_likelihood_value_
-        kernel = self.kernel_.with_theta(theta)
-        if self.solver_ == "nystrom":
-            value, grad = self._sparse_bound()(kernel, eval_gradient)
-            return (value, grad) if eval_gradient else value
-        n = self.X_train_.shape[0]
-        if n > EXACT_MAX_N:
-            raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
-                             f"model has n={n}. Evaluate it on a subsample.")
-        value, grad = log_marginal_likelihood(
-            kernel, in_memory(self.X_train_), in_memory(self.y_train_).reshape(n, -1),
-            self._checked_alpha(self.solver_), eval_gradient)
+        value, grad = evidence_at(self.kernel_.with_theta(theta), self.solver_,
+                                  getattr(self, "X_train_", None), getattr(self, "y_train_", None),
+                                  getattr(self, "centers_", None),
+                                  self._checked_alpha(self.solver_), eval_gradient)
         return (value, grad) if eval_gradient else value
-
-    def _sparse_bound(self) -> SparseBound:
-        if getattr(self, "X_train_", None) is None:
-            raise ValueError("this solver='nystrom' model was loaded from a file, which keeps "
-                             "only M-sized statistics, not the training data the bound at "
-                             "another theta needs; refit it on the data to evaluate "
-                             "log_marginal_likelihood(theta).")
-        Xd, Yd = training_data(self.X_train_, self.y_train_)
-        return SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
 
     def sample_y(self, X: Rows, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
         """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn
@@ -503,35 +473,10 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
                              f"{n_samples!r}.")
         rng = (random_state if isinstance(random_state, np.random.Generator)
                else check_random_state(random_state))  # an int: scikit-learn's draws
-        mean, cov = self.predict(X, return_cov=True)
-        if mean.ndim == 1:
-            return rng.multivariate_normal(mean, cov, n_samples).T
-        draws = [rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
-                 for k in range(mean.shape[1])]
-        return np.hstack(draws)
+        return draws(*self.predict(X, return_cov=True), n_samples, rng)
 
     # ------------------------------------------------------------ model file
-    #: The file :func:`dkern.save` writes: arrays by dimension (``n`` rows, ``m`` centres,
-    #: ``d`` features, ``t`` targets; "t?": (n,) or (n, t)). Exact and CG models keep the
-    #: training data and ``pivot_seed`` (the CG preconditioner is rebuilt from the same
-    #: pivots); sparse ones only the M-sized SGPR statistics. "fitted_kernel" is ``kernel_``.
-    _model_file = ModelFile(
-        marker="alpha_", kernel="learned", dims=(centers_dim, targets_dim),
-        layouts={solver: FileLayout(
-            arrays=({"centers": ("m", "d"), "alpha": ("m", "t?"), "L": ("m", "m"),
-                     "P": ("m", "m"), "b": ("m", "t"), "yty": ("t",)} if solver == "nystrom"
-                    else {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?")}
-                    | ({"L": ("n", "n")} if solver == "exact" else {})),
-            scalars={"solver_": "str", "n_iter_": "count", "converged_": "bool",
-                     "n_features_in_": "positive", "variance_": "str",
-                     "log_marginal_likelihood_value_": "number or null",
-                     "y_train_mean": "numbers", "y_train_std": "numbers"}
-            | (_SPARSE_SCALARS if solver == "nystrom" else {"pivot_seed": "count"}),
-            lazy=("alpha",) if solver == "nystrom" else ("alpha", "X_train", "y_train"),
-            private=frozenset({"y_train_mean", "y_train_std"}
-                              | ({"L", "P", "b", "yty", *_SPARSE_SCALARS}
-                                 if solver == "nystrom" else {"pivot_seed"})))
-            for solver in _gp_methods.SOLVERS[1:]})
+    _model_file = _gp_methods.MODEL_FILE  # per solver: arrays, scalars, the private state
 
     def _file_state(self) -> dict[str, Any]:
         """The declared state: the public attributes, the target scaling, and the pivot
@@ -540,9 +485,7 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
                  "y_train_std": self._targets.std}
         if self.solver_ != "nystrom":
             return {**state, "pivot_seed": self._pivot_seed}
-        stats = self._posterior.state()
-        return {**state, **{name: stats[name] for name in ("L", "P", "b", "yty")},
-                **{name: stats[name[len("sgpr_"):]] for name in _SPARSE_SCALARS}}
+        return {**state, **sparse_file_state(self._posterior, _gp_methods.SPARSE_SCALARS)}
 
     def _set_file_state(self, state: dict[str, Any]) -> None:
         """Become the fitted model ``state`` describes (``kernel_`` set): the attributes,
@@ -551,22 +494,12 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
         a, solver = self.alpha_, self.solver_
         self._targets = TargetScaling(state["y_train_mean"], state["y_train_std"], a.ndim == 1,
                                       a.ndim == 2 and a.shape[1] == 1)
+        if solver != "nystrom":
+            self._pivot_seed = state["pivot_seed"]
         alpha = self._checked_alpha(solver)
-        if solver == "nystrom":
-            self._bind(SparsePosterior.from_state({
-                "kernel": self.kernel_, "centers": self.centers_, "alpha": alpha,
-                **{name: state[name] for name in ("L", "P", "b", "yty")},
-                **{name[len("sgpr_"):]: state[name] for name in _SPARSE_SCALARS}}))
-            return
-        self._pivot_seed = state["pivot_seed"]
-        solved: Posterior
-        if solver == "exact":
-            solved = ExactPosterior(self.kernel_, np.asarray(self.X_train_), np.asarray(a), self.L_,
-                                    backend=self.backend)
-        else:
-            solved = CGPosterior(self.kernel_, self.X_train_, a, alpha=alpha,
-                                 rank=self.preconditioner_rank, pivot_seed=self._pivot_seed,
-                                 tol=check_tol(self.tol), backend=self.backend)
+        solved = rebuilt(solver, self.kernel_, state, _gp_methods.SPARSE_SCALARS, alpha=alpha,
+                         rank=self.preconditioner_rank, tol=check_tol(self.tol),
+                         backend=self.backend)
         self._bind(self._answering(solved, self.variance_, alpha))
 
 
