@@ -37,10 +37,11 @@ def checked_methods(solver: object, variance: object, n_centers: object,
     return solver, variance
 
 
-def resolve(solver: str, variance: str, n_centers: int | None, n: int, *,
-            exact_max_n: int) -> tuple[str, str]:
+def resolve(solver: str, variance: str, n_centers: int | None, n: int, alpha: Any, *,
+            exact_max_n: int) -> tuple[str, str, float]:
     """``"auto"`` resolved for n training rows (:func:`.posteriors.choose_solver`, the
-    policy kernel ridge shares), and the pair checked to go together."""
+    policy kernel ridge shares), the pair checked to go together, and the noise ``alpha``
+    checked for them (:func:`checked_noise`)."""
     if solver == "auto":
         solver, why = choose_solver(n, n_centers, exact_max_n=exact_max_n)
         logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
@@ -62,7 +63,11 @@ def resolve(solver: str, variance: str, n_centers: int | None, n: int, *,
         raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
                          f"solver={solver!r}. Use variance='cg' (exact to tol) or "
                          "solver='exact'.")
-    return solver, variance
+    noise = checked_noise(alpha, solver)
+    if variance == "lanczos" and noise == 0:
+        raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
+                         "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
+    return solver, variance, noise
 
 
 def checked_lanczos_rank(value: object) -> int:

@@ -268,12 +268,9 @@ class GaussianProcessRegressor(DeclaredState, RegressorMixin, BaseEstimator):
         check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
-        solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, Xv.shape[0],
-                                               exact_max_n=EXACT_MAX_N)
-        alpha = self._checked_alpha(solver)
-        if variance == "lanczos" and alpha == 0:
-            raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
-                             "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
+        solver, variance, alpha = _gp_methods.resolve(solver, variance, self.n_centers,
+                                                      Xv.shape[0], self.alpha,
+                                                      exact_max_n=EXACT_MAX_N)
         for stale in ("L_", "centers_"):
             self.__dict__.pop(stale, None)
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or

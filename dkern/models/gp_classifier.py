@@ -399,16 +399,12 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
             self._chols = [dense_factor(K, pi)[1] for K, pi in zip(Ks, self._pis(), strict=True)]
         return self._chols
 
-    #: The file :func:`dkern.save` writes: ``X_fit``, ``y_train`` (labels as indices into
-    #: ``classes_``) and ``pi`` (``p`` binary problems, 1 for two classes: ``pi`` is then
-    #: 1-D); never the n × n factors, rebuilt from ``pi_`` on first use. "fitted_kernel" is
-    #: ``kernel_`` (a list for one-vs-rest); ``classes_`` is JSON with its dtype.
+    #: The file :func:`dkern.save` writes (``p`` binary problems, 1 for two classes); never
+    #: the n × n factors, rebuilt from ``pi_`` on first use.
     _model_file = ModelFile(marker="pi_", kernel="learned", dims=(problems_dim,),
                             layouts=dict.fromkeys(SOLVERS[1:], FileLayout(
-                                arrays={"X_fit": ("n", "d"), "y_train": ("n",),
-                                        "pi": ("n", "p?")},
+                                arrays={"X_fit": ("n", "d"), "y_train": ("n",), "pi": ("n", "p?")},
                                 scalars={"solver_": "str", "n_iter_": "counts",
                                          "n_features_in_": "positive", "n_classes_": "positive",
                                          "log_marginal_likelihood_value_": "number or null",
-                                         "classes_": "labels"},
-                                lazy=("X_fit", "pi"))))
+                                         "classes_": "labels"}, lazy=("X_fit", "pi"))))
