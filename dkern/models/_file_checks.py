@@ -7,7 +7,9 @@ store's pointer (:func:`dkern.io.read_manifest`) and before any array is read: t
 kind, format and dkern major version; the attributes' types; the "fitted" names (only
 those ``save`` writes, so ``setattr`` never reaches methods or dunders) and each value's
 kind; the solver; the arrays' claimed shapes against each other and the attributes; and
-that the arrays loaded into memory fit in this machine's free memory. An edited,
+that the arrays loaded into memory fit in this machine's free memory. What each model's
+file must hold comes from its class's declaration (``_model_file``,
+:mod:`dkern.models._model_file`), the one ``save`` and ``load`` walk. An edited,
 damaged or foreign file is refused with a :class:`~dkern.errors.StoreError` naming what
 is wrong (:class:`~dkern.errors.MemoryLimitError` for memory), not loaded as something
 else or left to fail deep in a read.
