@@ -17,7 +17,7 @@ import dkern
 from dkern import GaussianProcessRegressor
 from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError, StoreError
 from dkern.kernels import Gaussian, Matern, Scaled
-from dkern.models import _gp_optimize, gaussian_process
+from dkern.models import _gp_optimize, _gp_predictive, gaussian_process
 from dkern.solvers.lanczos import LanczosResult, lanczos_predict
 
 # Output scale, lengthscale and noise variance of the fixed-hyperparameter comparisons.
@@ -434,7 +434,7 @@ def test_return_std_and_return_cov_together_are_refused():
 
 
 def test_return_cov_beyond_memory_points_to_return_std(monkeypatch):
-    monkeypatch.setattr(gaussian_process, "MAX_COV_BYTES", 8 * 30 * 30)
+    monkeypatch.setattr(_gp_predictive, "MAX_COV_BYTES", 8 * 30 * 30)
     gp = fitted_small()
     assert gp.predict(X_TEST[:30], return_cov=True)[1].shape == (30, 30)
     with pytest.raises(ValueError, match=r"return_cov=True for 31 test points.*return_std=True"):

@@ -187,7 +187,7 @@ def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
     return SparsePosterior(bound.statistics(kernel), alpha)
 
 
-def evidence_at(kernel: Kernel, solver: str, X: Any, y: Any, centers: np.ndarray | None,
+def evidence_at(kernel: Kernel, solver: str, X: Any, y: Any, centers: Any,
                 alpha: float, eval_gradient: bool) -> tuple[float, np.ndarray]:
     """The fitted regressor's ``ln p(y | X, θ)`` at ``kernel``'s θ and its gradient: exact
     (n <= ``EXACT_MAX_N``), or for ``"nystrom"`` the SGPR bound on the fitted ``centers``

@@ -54,9 +54,9 @@ def solve(solver: str, kernel: Kernel, X: Any, y: Any, alpha: float, *, lml: flo
     return Solved(cg_posterior, result.n_iter, bool(result.converged.all()), lml)
 
 
-def sparse_file_state(posterior: SparsePosterior, scalars: Any) -> dict[str, Any]:
-    """The SGPR statistics of ``posterior`` by their file names (``scalars``: the
-    ``sgpr_*`` names of the scalars)."""
+def sparse_file_state(posterior: Any, scalars: Any) -> dict[str, Any]:
+    """The SGPR statistics of ``posterior`` (a :class:`SparsePosterior`) by their file
+    names (``scalars``: the ``sgpr_*`` names of the scalars)."""
     stats = posterior.state()
     return {**{name: stats[name] for name in SPARSE_ARRAYS},
             **{name: stats[name[len("sgpr_"):]] for name in scalars}}
