@@ -41,7 +41,7 @@ import dkern  # noqa: E402
 from dkern.errors import ConvergenceWarning  # noqa: E402
 from dkern.io import make_regression_store, open_array, read_attrs  # noqa: E402
 from dkern.kernels import Gaussian, Scaled  # noqa: E402
-from dkern.models import _gp_sparse  # noqa: E402
+from dkern.models.posteriors.sparse import SparseBound  # noqa: E402
 
 D = 8
 C, ELLS = 0.5, (0.7,) + (2.2,) * 7
@@ -348,7 +348,7 @@ def part_sgpr_hyper(args) -> str:
     n, M, n_sub = size(args, 100_000, 3_000), size(args, args.hyper_centers), size(args, 3_000, 500)
     start_kernel = Scaled(1.0, Gaussian(np.ones(D)))
     calls: list[tuple[bool, float]] = []
-    bound_call = _gp_sparse.SparseBound.__call__
+    bound_call = SparseBound.__call__
 
     def counted(self, kernel, eval_gradient):
         start = time.perf_counter()
@@ -361,7 +361,7 @@ def part_sgpr_hyper(args) -> str:
         model = GPR(start_kernel, alpha=sigma2, solver="nystrom", n_centers=M,
                     optimizer="lbfgs", random_state=0)
         start = time.perf_counter()
-        with mock.patch.object(_gp_sparse.SparseBound, "__call__", counted):
+        with mock.patch.object(SparseBound, "__call__", counted):
             model.fit((url, "X"), (url, "y"))
         fit_s = time.perf_counter() - start
         start = time.perf_counter()

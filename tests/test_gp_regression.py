@@ -15,9 +15,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import dkern
 from dkern import GaussianProcessRegressor
-from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError
+from dkern.errors import ConvergenceWarning, NotPositiveDefiniteError, StoreError
 from dkern.kernels import Gaussian, Matern, Scaled
-from dkern.models import _gp_optimize, gaussian_process
+from dkern.models import _gp_optimize, _gp_predictive, gaussian_process
 from dkern.solvers.lanczos import LanczosResult, lanczos_predict
 
 # Output scale, lengthscale and noise variance of the fixed-hyperparameter comparisons.
@@ -378,8 +378,9 @@ def test_save_and_load_give_identical_predictions(tmp_path, solver, random_state
     assert back.log_marginal_likelihood_value_ == gp.log_marginal_likelihood_value_
 
 
-def test_a_file_without_the_pivot_seed_loads_with_random_states_pivots(tmp_path):
-    """Files written before dkern stored ``pivot_seed``: the pivots come from random_state."""
+def test_a_file_without_the_pivot_seed_is_refused_naming_it(tmp_path):
+    """Every released file stores ``pivot_seed`` (format 2 is the first released): a file
+    without it is refused, not loaded with pivots guessed from random_state."""
     url = str(tmp_path / "gp.zarr")
     with dask.config.set(scheduler="synchronous"):
         gp = GaussianProcessRegressor(Gaussian(1.0), alpha=NOISE, solver="cg", optimizer=None,
@@ -389,9 +390,9 @@ def test_a_file_without_the_pivot_seed_loads_with_random_states_pivots(tmp_path)
         fitted = dkern.io.read_attrs(url)["fitted"]
         assert fitted.pop("pivot_seed") == 3
         dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"fitted": fitted})
-        back = dkern.load(url)
-        got, want = (m.predict(X_TEST[:20], return_std=True)[1] for m in (back, gp))
-    np.testing.assert_array_equal(got, want)
+        with pytest.raises(StoreError, match=r"'fitted' attributes name \['pivot_seed'\] "
+                                             r"\(missing, needed by dkern.load"):
+            dkern.load(url)
 
 
 # ------------------------------------------------------------------------- bad input
@@ -433,7 +434,7 @@ def test_return_std_and_return_cov_together_are_refused():
 
 
 def test_return_cov_beyond_memory_points_to_return_std(monkeypatch):
-    monkeypatch.setattr(gaussian_process, "MAX_COV_BYTES", 8 * 30 * 30)
+    monkeypatch.setattr(_gp_predictive, "MAX_COV_BYTES", 8 * 30 * 30)
     gp = fitted_small()
     assert gp.predict(X_TEST[:30], return_cov=True)[1].shape == (30, 30)
     with pytest.raises(ValueError, match=r"return_cov=True for 31 test points.*return_std=True"):

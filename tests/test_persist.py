@@ -33,7 +33,7 @@ def test_exact_round_trip_is_bitwise_equal(tmp_path):
     assert loaded.kernel == KERNEL and loaded.get_params()["alpha"] == 0.3
     assert isinstance(loaded.X_fit_, np.ndarray) and loaded.residuals_ is None
     attrs = dkern.io.read_attrs(url)
-    assert attrs["dkern_model"] == "KernelRidge" and attrs["format"] == 1
+    assert attrs["dkern_model"] == "KernelRidge" and attrs["format"] == 2
     assert attrs["kernel"] == repr(KERNEL) and "kernel" not in attrs["params"]
     assert sorted(dkern.io.list_arrays(url)) == ["X_fit", "dual_coef"]
 
@@ -99,7 +99,7 @@ def test_load_rejects_stores_that_are_not_models(tmp_path):
 
 
 @pytest.mark.parametrize("attrs, message", [
-    ({"format": 2}, "of format 2; this dkern .* reads model format 1"),
+    ({"format": 3}, "file of format 3 .*; this dkern .* reads model format 2 only"),
     ({"dkern_version": "1.0.0"}, "saved by dkern 1.0.0; this is dkern .* different major"),
 ])
 def test_load_rejects_incompatible_models(tmp_path, attrs, message):
@@ -107,6 +107,18 @@ def test_load_rejects_incompatible_models(tmp_path, attrs, message):
     dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs=attrs)
     with pytest.raises(StoreError, match=message):
         dkern.load(url)
+
+
+def test_a_file_of_the_unreleased_format_1_is_refused_with_the_fix(tmp_path):
+    """Format 1 was never released: no conversion, a message naming both formats and the fix."""
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"format": 1})
+    with pytest.raises(StoreError) as err:
+        dkern.load(url)
+    assert (f"holds a KernelRidge model file of format 1 (written by dkern "
+            f"{dkern.__version__}); this dkern {dkern.__version__} reads model format 2 only "
+            "(no earlier format was released, so none is converted). Refit the model and "
+            "save it again with this dkern.") in str(err.value)
 
 
 def test_save_refuses_unfitted_and_unrestorable_models(tmp_path):
@@ -330,3 +342,38 @@ def test_model_on_dask_rows_across_clients_says_to_save_it(tmp_path):
                 model.predict(Xt)
             assert "lost dependencies" in str(info.value.__cause__)
             np.testing.assert_allclose(dkern.load(url).predict(Xt), want, rtol=1e-12)
+
+
+DECLARED = [
+    lambda: KernelRidge(solver="cg", tol=1e-6, random_state=0).fit(X[:60], Y[:60]),
+    lambda: dkern.GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, optimizer=None,
+                                           n_centers=10, random_state=0).fit(X[:60], Y[:60]),
+    lambda: dkern.GaussianProcessClassifier(Gaussian(1.0), optimizer=None).fit(
+        X[:60], X[:60, 0] > 0),
+    lambda: dkern.KernelLogisticRegression(alpha=0.1).fit(X[:60], np.arange(60) % 3),
+    lambda: dkern.KernelDensity(bandwidth=0.5).fit(X[:60]),
+    lambda: dkern.NadarayaWatson(bandwidth=0.5).fit(X[:60], Y[:60]),
+    lambda: dkern.KNeighborsRegressor(n_neighbors=3).fit(X[:60], Y[:60, 0]),
+    lambda: dkern.KNeighborsClassifier(n_neighbors=3).fit(X[:60], np.arange(60) % 2),
+]
+
+
+@pytest.mark.parametrize("fitted_model", DECLARED)
+def test_a_file_holds_what_its_class_declares(tmp_path, fitted_model):
+    """save and load walk the class's declaration: the file holds its declared arrays and
+    "fitted" names (with their kinds), and load gives back every declared attribute."""
+    model = fitted_model()
+    layout = model._file_layout()
+    url, loaded = roundtrip(model, tmp_path)
+    attrs = dkern.io.read_attrs(url)
+    assert attrs["format"] == dkern.models.persist.MODEL_FORMAT
+    assert attrs["arrays"] == sorted(dkern.io.list_arrays(url)) == sorted(layout.arrays)
+    assert set(layout.kinds()) - {"feature_names_in_"} == set(attrs["fitted"])
+    public = [f"{name}_" for name in layout.arrays if name not in layout.private] + [
+        name for name in layout.scalars if name not in layout.private]
+    for name in public:
+        want, got = getattr(model, name), getattr(loaded, name)
+        if isinstance(want, da.Array | np.ndarray):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        else:
+            assert got == want or (want != want and got != got), name  # NaN == NaN

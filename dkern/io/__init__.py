@@ -10,6 +10,8 @@ The only dkern package that imports zarr. Data flow::
 from dkern.io.maintenance import StoreReport, check_store, clean_store
 from dkern.io.read import list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
+    Rows,
+    StoreRef,
     as_rows,
     checked_values,
     default_row_chunk,
@@ -22,6 +24,8 @@ from dkern.io.synthetic import make_regression_store
 from dkern.io.write import write_array, write_arrays
 
 __all__ = [
+    "Rows",
+    "StoreRef",
     "StoreReport",
     "as_rows",
     "checked_values",

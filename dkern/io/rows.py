@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, TypeAlias
 
 import dask.array as da
 import numpy as np
 import zarr
 from dask.base import tokenize
+from numpy.typing import ArrayLike
 
 from dkern.io.read import open_array, zarr_to_dask
 
-__all__ = ["TARGET_CHUNK_BYTES", "as_rows", "default_row_chunk", "is_lazy", "is_store_ref",
-           "path_within", "store_location"]
+__all__ = ["TARGET_CHUNK_BYTES", "Rows", "StoreRef", "as_rows", "default_row_chunk", "is_lazy",
+           "is_store_ref", "path_within", "store_location"]
+
+#: A reference to an array of a Zarr store: ``(url, path)``, e.g. ``("data.zarr", "X")``.
+StoreRef: TypeAlias = tuple[str | os.PathLike[str], str]
+#: What the estimators take as rows (and targets): an in-memory array-like (numpy, a
+#: list, a DataFrame), a dask array, a ``zarr.Array`` or a :data:`StoreRef`; lazy ones
+#: are read chunk by chunk (:func:`as_rows`).
+Rows: TypeAlias = ArrayLike | da.Array | zarr.Array | StoreRef
 
 #: Bytes per row chunk that ``default_row_chunk`` aims for.
 TARGET_CHUNK_BYTES = 16 * 2**20

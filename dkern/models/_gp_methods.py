@@ -1,5 +1,6 @@
 """Which solver and variance method a :class:`~dkern.models.GaussianProcessRegressor` uses:
-its parameter checks and the ``"auto"`` choices, with errors that name the fix."""
+its parameter checks and the ``"auto"`` choices, with errors that name the fix; and what
+each solver's model file holds (:data:`MODEL_FILE`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._model_file import FileLayout, ModelFile, centers_dim, targets_dim
 from ._validation import check_alpha, check_choice, check_optional_int
 from .posteriors import check_solver_fits, choose_solver
 
@@ -35,10 +37,11 @@ def checked_methods(solver: object, variance: object, n_centers: object,
     return solver, variance
 
 
-def resolve(solver: str, variance: str, n_centers: int | None, n: int, *,
-            exact_max_n: int) -> tuple[str, str]:
+def resolve(solver: str, variance: str, n_centers: int | None, n: int, alpha: Any, *,
+            exact_max_n: int) -> tuple[str, str, float]:
     """``"auto"`` resolved for n training rows (:func:`.posteriors.choose_solver`, the
-    policy kernel ridge shares), and the pair checked to go together."""
+    policy kernel ridge shares), the pair checked to go together, and the noise ``alpha``
+    checked for them (:func:`checked_noise`)."""
     if solver == "auto":
         solver, why = choose_solver(n, n_centers, exact_max_n=exact_max_n)
         logger.info("GaussianProcessRegressor: solver='auto' chose %r (%s)", solver, why)
@@ -60,7 +63,11 @@ def resolve(solver: str, variance: str, n_centers: int | None, n: int, *,
         raise ValueError(f"variance='exact' uses the Cholesky factor of solver='exact'; got "
                          f"solver={solver!r}. Use variance='cg' (exact to tol) or "
                          "solver='exact'.")
-    return solver, variance
+    noise = checked_noise(alpha, solver)
+    if variance == "lanczos" and noise == 0:
+        raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
+                         "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
+    return solver, variance, noise
 
 
 def checked_lanczos_rank(value: object) -> int:
@@ -92,3 +99,32 @@ def checked_noise(alpha: Any, solver: str) -> float:
     value = alpha.item() if isinstance(alpha, np.ndarray) else alpha  # shape (1,)
     return check_alpha(value, solver, role="the noise variance added to the diagonal",
                        example="1e-6")
+
+
+#: The SGPR statistics' scalars in a ``"nystrom"`` model's file (the posterior's
+#: ``trace``, ``n`` and ``jitter``).
+SPARSE_SCALARS = {"sgpr_trace": "number", "sgpr_n": "positive", "sgpr_jitter": "number"}
+
+#: The regressor's model file (:mod:`dkern.models.persist`) per solver: arrays by dimension
+#: (``n`` rows, ``m`` centres, ``d`` features, ``t`` targets; "t?": (n,) or (n, t)). Exact
+#: and CG models keep the training data and ``pivot_seed`` (the CG preconditioner is
+#: rebuilt from the same pivots); sparse ones only the M-sized SGPR statistics.
+#: "fitted_kernel" is ``kernel_``; the private names are the estimator's target scaling
+#: and its posterior's state.
+MODEL_FILE = ModelFile(
+    marker="alpha_", kernel="learned", dims=(centers_dim, targets_dim),
+    layouts={solver: FileLayout(
+        arrays=({"centers": ("m", "d"), "alpha": ("m", "t?"), "L": ("m", "m"),
+                 "P": ("m", "m"), "b": ("m", "t"), "yty": ("t",)} if solver == "nystrom"
+                else {"X_train": ("n", "d"), "y_train": ("n", "t?"), "alpha": ("n", "t?")}
+                | ({"L": ("n", "n")} if solver == "exact" else {})),
+        scalars={"solver_": "str", "n_iter_": "count", "converged_": "bool",
+                 "n_features_in_": "positive", "variance_": "str",
+                 "log_marginal_likelihood_value_": "number or null",
+                 "y_train_mean": "numbers", "y_train_std": "numbers"}
+        | (SPARSE_SCALARS if solver == "nystrom" else {"pivot_seed": "count"}),
+        lazy=("alpha",) if solver == "nystrom" else ("alpha", "X_train", "y_train"),
+        private=frozenset({"y_train_mean", "y_train_std"}
+                          | ({"L", "P", "b", "yty", *SPARSE_SCALARS}
+                             if solver == "nystrom" else {"pivot_seed"})))
+        for solver in SOLVERS[1:]})

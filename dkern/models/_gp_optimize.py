@@ -185,3 +185,24 @@ def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
                             check_random_state(legacy_seed(random_state)))
         kernel = kernel.with_theta(theta)
     return SparsePosterior(bound.statistics(kernel), alpha)
+
+
+def evidence_at(kernel: Kernel, solver: str, X: Any, y: Any, centers: Any,
+                alpha: float, eval_gradient: bool) -> tuple[float, np.ndarray]:
+    """The fitted regressor's ``ln p(y | X, θ)`` at ``kernel``'s θ and its gradient: exact
+    (n <= ``EXACT_MAX_N``), or for ``"nystrom"`` the SGPR bound on the fitted ``centers``
+    (two passes over X). X and y are the training data (None in a loaded sparse model)."""
+    if solver == "nystrom":
+        if X is None:
+            raise ValueError("this solver='nystrom' model was loaded from a file, which keeps "
+                             "only M-sized statistics, not the training data the bound at "
+                             "another theta needs; refit it on the data to evaluate "
+                             "log_marginal_likelihood(theta).")
+        Xd, Yd = training_data(X, y)
+        return SparseBound(Xd, Yd, centers, alpha)(kernel, eval_gradient)
+    n = X.shape[0]
+    if n > EXACT_MAX_N:
+        raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
+                         f"model has n={n}. Evaluate it on a subsample.")
+    return log_marginal_likelihood(kernel, in_memory(X), in_memory(y).reshape(n, -1), alpha,
+                                   eval_gradient)

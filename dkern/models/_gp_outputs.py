@@ -108,3 +108,13 @@ def predictive(posterior: Any, targets: TargetScaling, Xt: Any, return_std: bool
         write_prediction(out, mean, std, overwrite)
         return out
     return (mean, std) if lazy else (in_memory(mean), std)
+
+
+def draws(mean: np.ndarray, cov: np.ndarray, n_samples: int,
+          rng: np.random.Generator | np.random.RandomState) -> np.ndarray:
+    """``n_samples`` draws of N(mean, cov): (m, n_samples), or (m, t, n_samples) for mean
+    (m, t) and cov (m, m, t), in scikit-learn's order (so a RandomState draws its values)."""
+    if mean.ndim == 1:
+        return rng.multivariate_normal(mean, cov, n_samples).T
+    return np.hstack([rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
+                      for k in range(mean.shape[1])])

@@ -11,7 +11,7 @@ f̂ of Alg. 3.1, ``π = σ(f̂)``, ``g = t − π``, ``s = W^{1/2}``, ``B = I + 
 where ``s2 = −½ diag((K⁻¹ + W)⁻¹) ∂W/∂f̂`` and ``∂W/∂f = π(1 − π)(1 − 2π)``. As K and R
 are symmetric the implicit term is ``uᵀ ∂K_j g`` with ``u = s2 − R K s2``, so the whole
 gradient is one contraction of a symmetric n × n matrix with ∂K/∂θ, summed over row
-tiles (:func:`dkern.models._gp_exact.log_marginal_likelihood` does the same for the
+tiles (:func:`dkern.models.posteriors.exact.log_marginal_likelihood` does the same for the
 regressor): never an (n, n, p) array.
 """
 
@@ -24,8 +24,8 @@ import scipy.linalg as sla
 
 from ..kernels import Kernel
 from . import _laplace
-from ._gp_exact import _lower_contraction
 from ._gp_optimize import optimize
+from .posteriors.exact import lower_contraction
 
 
 def learn(kernel: Kernel, X: np.ndarray, targets: list[np.ndarray], *, max_iter: int,
@@ -98,4 +98,4 @@ def _gradient(kernel: Kernel, X: np.ndarray, K: np.ndarray, t: np.ndarray,
     # ½ g gᵀ + ½ (u gᵀ + g uᵀ), symmetric, written as ½ (g + u)(g + u)ᵀ − ½ u uᵀ
     M += 0.5 * np.outer(g + u, g + u)
     M -= 0.5 * np.outer(u, u)
-    return _lower_contraction(kernel, X, M, len(kernel.theta))
+    return lower_contraction(kernel, X, M, len(kernel.theta))

@@ -15,7 +15,7 @@ from ..operators import data_rows
 from ..operators.reductions import kernel_log_sums
 from ._validation import finite_number
 
-#: The kernels named by a string: the Gaussian and the seeds' hypercube (box).
+#: The kernels named by a string: the Gaussian and the hypercube (box; Bishop 2006, §2.5.1).
 NAMED_KERNELS = ("gaussian", "box")
 
 

@@ -12,19 +12,21 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..backends import resolve_backend
-from ..io import is_lazy
+from ..io import Rows, is_lazy
 from ..kernels import Gaussian, Kernel
 from ..solvers.sampling import gather_rows
 from . import _smoothing
+from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import as_generator, check_X, in_memory
 
 logger = logging.getLogger(__name__)
 
 
-class KernelDensity(BaseEstimator):
+class KernelDensity(DeclaredState, BaseEstimator):
     """Parzen kernel density estimation on data larger than memory.
 
-    The density of the N training rows xₙ (D features) at x is the seeds' Parzen estimate
+    The density of the N training rows xₙ (D features) at x is Parzen's estimate
+    (Bishop 2006, §2.5.1)
 
     .. math:: p(x) = \\frac1N \\sum_{n=1}^N \\frac1{h^D}\\, k\\Bigl(\\frac{x - x_n}{h}\\Bigr),
 
@@ -34,7 +36,7 @@ class KernelDensity(BaseEstimator):
 
     Kernels: ``"gaussian"``, ``k(u) = (2π)^{-D/2} exp(-‖u‖²/2)``, equal to
     :class:`sklearn.neighbors.KernelDensity` with ``kernel="gaussian"`` and the same
-    bandwidth; ``"box"``, the seeds' hypercube ``k(u) = 1`` where every ``|uᵢ| ≤ 1/2``
+    bandwidth; ``"box"``, Bishop's hypercube ``k(u) = 1`` where every ``|uᵢ| ≤ 1/2``
     (side h, volume h^D), else 0 — scikit-learn's ``"tophat"`` is instead a ball of radius
     h, so they agree in one dimension only, dkern's box of bandwidth 2h being
     scikit-learn's tophat of bandwidth h; a dkern ``Gaussian(lengthscale=ℓ)`` (ARD allowed),
@@ -65,7 +67,7 @@ class KernelDensity(BaseEstimator):
         self.bandwidth = bandwidth
         self.backend = backend
 
-    def fit(self, X: Any, y: Any = None) -> KernelDensity:
+    def fit(self, X: Rows, y: Rows | None = None) -> KernelDensity:
         """Keep the training rows (nothing is computed until a density is asked for).
 
         Parameters
@@ -95,7 +97,7 @@ class KernelDensity(BaseEstimator):
         return self
 
     @worker_failures()
-    def score_samples(self, X: Any) -> Any:
+    def score_samples(self, X: Rows) -> Any:
         """The log-density ``log p(x)`` of each row of X.
 
         Parameters
@@ -117,7 +119,7 @@ class KernelDensity(BaseEstimator):
                              dtype=np.float64, meta=np.empty(0))
         return _smoothing.finish(logp, is_lazy(X))
 
-    def score(self, X: Any, y: Any = None) -> float:
+    def score(self, X: Rows, y: Rows | None = None) -> float:
         """The total log-likelihood ``Σ log p(x)`` of the rows of X (as scikit-learn's).
 
         Parameters
@@ -154,6 +156,12 @@ class KernelDensity(BaseEstimator):
         if box:
             return rows + h * rng.uniform(-0.5, 0.5, size=shape)
         return rows + h * _lengthscales(kernel, shape[1]) * rng.standard_normal(size=shape)
+
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``). "kernel" is a
+    #: dkern kernel's repr, or null for a named one (then in "params").
+    _model_file = ModelFile(marker="log_norm_", kernel="given", layouts=FileLayout(
+        arrays={"X_fit": ("n", "d")}, lazy=("X_fit",),
+        scalars={"n_features_in_": "positive", "log_norm_": "number"}))
 
 
 def _lengthscales(kernel: Kernel | None, d: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 The estimator checks parameters and data, learns the kernel's hyperparameters, and holds
 one posterior object (:mod:`dkern.models.posteriors`) that answers the mean, variance and
-covariance; it undoes ``normalize_y`` on the answers (:mod:`._gp_outputs`).
+covariance; ``predict`` and ``sample_y`` (:mod:`._gp_predictive`) undo ``normalize_y`` on the
+answers (:mod:`._gp_outputs`).
 """
 
 from __future__ import annotations
@@ -10,55 +11,56 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from numbers import Integral
 from typing import Any
 
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
-from ..io import is_store_ref
+from ..io import Rows
 from ..kernels import Gaussian, Kernel, Scaled
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N
 from ..solvers.checkpoint import check_checkpoint
 from . import _gp_methods
-from ._gp_optimize import check_optimizer, learned_exact_kernel, learned_sparse_posterior
-from ._gp_outputs import TargetScaling, predictive
+from ._gp_optimize import (
+    check_optimizer,
+    evidence_at,
+    learned_exact_kernel,
+    learned_sparse_posterior,
+)
+from ._gp_outputs import TargetScaling
+from ._gp_posterior import rebuilt, solve, sparse_file_state
+from ._gp_predictive import MAX_COV_BYTES, PosteriorPredictive
+from ._model_file import DeclaredState
 from ._validation import (
     as_float64,
-    check_out_is_not_input,
     check_tol,
     check_X,
     check_y,
     checked_kernel,
     fixed_seed,
-    in_memory,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
 from .posteriors import (
     CGPosterior,
     ExactPosterior,
     LanczosPosterior,
-    PriorPosterior,
     SparsePosterior,
     variance_posterior,
 )
 from .posteriors.cg import computing_client_id
-from .posteriors.exact import log_marginal_likelihood
-from .posteriors.sparse import SparseBound, training_data
+
+__all__ = ["MAX_COV_BYTES", "GaussianProcessRegressor"]
 
 logger = logging.getLogger(__name__)
-
-#: Largest posterior covariance ``predict(return_cov=True)`` builds: m² float64 values.
-MAX_COV_BYTES = 2**30
 
 Posterior = ExactPosterior | CGPosterior | LanczosPosterior | SparsePosterior
 
 
-class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
+class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixin,
+                               BaseEstimator):
     """Gaussian process regression on data larger than memory.
 
     With ``t = f(x) + ε``, ``C = K + alpha I`` (``alpha`` added to the diagonal exactly
@@ -237,7 +239,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fit
     @worker_failures()
-    def fit(self, X: Any, y: Any, *,
+    def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None
             ) -> GaussianProcessRegressor:
         """Fit the GP: learn the hyperparameters (if ``optimizer``), then solve ``C a = t``.
@@ -263,12 +265,9 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
-        solver, variance = _gp_methods.resolve(solver, variance, self.n_centers, Xv.shape[0],
-                                               exact_max_n=EXACT_MAX_N)
-        alpha = self._checked_alpha(solver)
-        if variance == "lanczos" and alpha == 0:
-            raise ValueError("alpha must be > 0 for variance='lanczos' (its Nyström basis and "
-                             "Lanczos steps work on K + alpha I); got 0.0. Use e.g. alpha=1e-6.")
+        solver, variance, alpha = _gp_methods.resolve(solver, variance, self.n_centers,
+                                                      Xv.shape[0], self.alpha,
+                                                      exact_max_n=EXACT_MAX_N)
         for stale in ("L_", "centers_"):
             self.__dict__.pop(stale, None)
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or
@@ -286,8 +285,16 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                 kernel, Xw, yw, alpha, optimizer=self.optimizer,
                 n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
                 default_kernel=self.kernel is None)
-            solved = self._solve(solver, Xw, yw, alpha, tol, callback)
-            self.alpha_ = solved.weights
+            done = solve(solver, self.kernel_, Xw, yw, alpha,
+                         lml=self.log_marginal_likelihood_value_,
+                         rank=self.preconditioner_rank, pivot_seed=self._pivot_seed, tol=tol,
+                         backend=self.backend, progress=bool(self.verbose), callback=callback,
+                         checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every)
+            solved, self.alpha_ = done.posterior, done.posterior.weights
+            self.n_iter_, self.converged_ = done.n_iter, done.converged
+            self.log_marginal_likelihood_value_ = done.log_marginal_likelihood
+            if isinstance(done.posterior, ExactPosterior):  # solver "exact": its factor
+                self.L_ = done.posterior.L
         self.solver_, self.variance_ = solver, variance
         self._bind(self._answering(solved, variance, alpha))
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
@@ -313,29 +320,6 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         self.n_iter_, self.converged_ = 1, True  # direct M x M factorisations
         return posterior
 
-    def _solve(self, solver: str, X: Any, y: Any, alpha: float, tol: float,
-               callback: Any) -> ExactPosterior | CGPosterior:
-        """``C a = t`` by Cholesky or CG; the exact LML too where it is not yet known."""
-        n = X.shape[0]
-        if solver == "exact":
-            posterior = ExactPosterior.fit(self.kernel_, X, in_memory(y), alpha,
-                                           backend=self.backend)
-            self.L_, self.n_iter_, self.converged_ = posterior.L, 1, True
-            if np.isnan(self.log_marginal_likelihood_value_):  # free from this factor
-                self.log_marginal_likelihood_value_ = posterior.log_marginal_likelihood(
-                    in_memory(y).reshape(n, -1))
-            return posterior
-        cg_posterior, result = CGPosterior.fit(
-            self.kernel_, X, y, alpha=alpha, rank=self.preconditioner_rank,
-            pivot_seed=self._pivot_seed, tol=tol, backend=self.backend,
-            progress=bool(self.verbose), callback=callback, checkpoint=self.checkpoint,
-            checkpoint_every=self.checkpoint_every)
-        self.n_iter_, self.converged_ = result.n_iter, bool(result.converged.all())
-        if np.isnan(self.log_marginal_likelihood_value_) and n <= EXACT_MAX_N:
-            self.log_marginal_likelihood_value_ = log_marginal_likelihood(
-                self.kernel_, in_memory(X), in_memory(y).reshape(n, -1), alpha, False)[0]
-        return cg_posterior
-
     def _answering(self, solved: Posterior, variance: str, alpha: float) -> Posterior:
         """The posterior that answers ``variance_`` beside the solver's weights."""
         if variance in ("exact", "nystrom"):
@@ -360,78 +344,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             self._bind(self._posterior.rebound())
         return self._posterior
 
-    # ------------------------------------------------------------- predict
-    @worker_failures()
-    def predict(self, X: Any, return_std: bool = False, return_cov: bool = False,
-                out: tuple[str, str] | None = None, *, overwrite: bool = False) -> Any:
-        """Posterior mean, and the latent standard deviation or covariance, at X.
-
-        Before ``fit``, as scikit-learn, the prior's: mean 0 and ``k(x, x)`` (``kernel``
-        or the default), for numpy or dask X (not with ``out``).
-
-        Parameters
-        ----------
-        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
-        return_std : bool, default=False
-            Also return ``σ(x*)`` (latent: ``alpha`` not included, as scikit-learn).
-        return_cov : bool, default=False
-            Also return the latent covariance (m, m); for m up to
-            ``sqrt(MAX_COV_BYTES / 8)`` points. Not with ``return_std``. For
-            ``"nystrom"`` the SGPR posterior covariance (positive semi-definite; see
-            :mod:`dkern.models.posteriors.sparse`), for ``"lanczos"`` ``K** − W H⁻¹ Wᵀ``
-            with ``W = K(X*, X) V`` (PSD: it exceeds the exact one), so ``sample_y``
-            works for both too.
-        out : (url, group), optional
-            Write ``mean`` (and, with ``return_std``, ``std``) as arrays of the group
-            ``group`` of the Zarr store ``url``, chunk by chunk, published atomically
-            (:func:`dkern.io.write_arrays`), and return ``out``.
-        overwrite : bool, default=False
-            Replace arrays already at ``out``; without it that is refused before any work.
-
-        Returns
-        -------
-        mean : ndarray of shape (m,) or (m, t)
-            (m,) also for y of shape (n, 1), as scikit-learn returns (std and cov alike).
-            A lazy dask array for dask/Zarr X.
-        std : ndarray of shape (m,) or (m, t), only with ``return_std``
-        cov : ndarray of shape (m, m) or (m, m, t), only with ``return_cov``
-        """
-        if return_std and return_cov:  # scikit-learn's error and message, and the fix
-            raise RuntimeError("At most one of return_std or return_cov can be requested. "
-                               "Ask for the pointwise std and the joint covariance in two "
-                               "calls.")
-        if not hasattr(self, "alpha_") and out is None:  # as scikit-learn: the prior
-            return self._prior_predict(X, return_std, return_cov)
-        check_is_fitted(self, "alpha_")
-        if is_store_ref(out):
-            check_out_is_not_input(X, out[0], [f"{out[1]}/mean", f"{out[1]}/std"])
-        if out is not None and return_cov:
-            raise ValueError("out= writes the mean and std; return_cov cannot be written. Use "
-                             "return_std=True with out=, or return_cov without out=.")
-        Xw = as_float64(check_X(self, X, reset=False))
-        if return_cov:
-            _check_cov_size(Xw.shape[0])
-            return self._mean_and_covariance(Xw)
-        return predictive(self._posterior_here(), self._targets, Xw, return_std, out, overwrite)
-
-    def _mean_and_covariance(self, Xt: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Mean (m,) or (m, t) and covariance (m, m) or (m, m, t) in the units of y."""
-        posterior, targets = self._posterior_here(), self._targets
-        mean = in_memory(targets.squeezed(targets.mean_of(posterior.mean(Xt)), ndim=2))
-        cov = targets.scaled(posterior.covariance(in_memory(Xt)), power=2)
-        return mean, targets.squeezed(cov, ndim=3)
-
-    def _prior_predict(self, X: Any, return_std: bool, return_cov: bool) -> Any:
-        """Mean 0 and the prior's std ``sqrt(k(x, x))`` or covariance ``K(X, X)``."""
-        prior = PriorPosterior(self._given_kernel())
-        Xw = as_float64(check_X(self, X, reset=False))
-        if return_cov:
-            _check_cov_size(Xw.shape[0])
-            Xm = in_memory(Xw)
-            return prior.mean(Xm), prior.covariance(Xm)
-        return (prior.mean(Xw), prior.std(Xw)) if return_std else prior.mean(Xw)
-
-    # ------------------------------------------------- likelihood and samples
+    # ---------------------------------------------------------- likelihood
     def log_marginal_likelihood(self, theta: Any = None, eval_gradient: bool = False,
                                 clone_kernel: bool = True) -> Any:
         """``ln p(t | X, θ)`` of the training data, exact (n <= ``EXACT_MAX_N``), or for
@@ -457,94 +370,35 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
             if eval_gradient:
                 raise ValueError("Gradient can only be evaluated for theta!=None")
             return self.log_marginal_likelihood_value_
-        kernel = self.kernel_.with_theta(theta)
-        if self.solver_ == "nystrom":
-            value, grad = self._sparse_bound()(kernel, eval_gradient)
-            return (value, grad) if eval_gradient else value
-        n = self.X_train_.shape[0]
-        if n > EXACT_MAX_N:
-            raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
-                             f"model has n={n}. Evaluate it on a subsample.")
-        value, grad = log_marginal_likelihood(
-            kernel, in_memory(self.X_train_), in_memory(self.y_train_).reshape(n, -1),
-            self._checked_alpha(self.solver_), eval_gradient)
+        value, grad = evidence_at(self.kernel_.with_theta(theta), self.solver_,
+                                  getattr(self, "X_train_", None), getattr(self, "y_train_", None),
+                                  getattr(self, "centers_", None),
+                                  self._checked_alpha(self.solver_), eval_gradient)
         return (value, grad) if eval_gradient else value
 
-    def _sparse_bound(self) -> SparseBound:
-        if getattr(self, "X_train_", None) is None:
-            raise ValueError("this solver='nystrom' model was loaded from a file, which keeps "
-                             "only M-sized statistics, not the training data the bound at "
-                             "another theta needs; refit it on the data to evaluate "
-                             "log_marginal_likelihood(theta).")
-        Xd, Yd = training_data(self.X_train_, self.y_train_)
-        return SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
+    # ------------------------------------------------------------ model file
+    _model_file = _gp_methods.MODEL_FILE  # per solver: arrays, scalars, the private state
 
-    def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
-        """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn
-        (before ``fit``: from the prior).
+    def _file_state(self) -> dict[str, Any]:
+        """The declared state: the public attributes, the target scaling, and the pivot
+        seed or (``"nystrom"``) the posterior's SGPR statistics."""
+        state = {**super()._file_state(), "y_train_mean": self._targets.mean,
+                 "y_train_std": self._targets.std}
+        if self.solver_ != "nystrom":
+            return {**state, "pivot_seed": self._pivot_seed}
+        return {**state, **sparse_file_state(self._posterior, _gp_methods.SPARSE_SCALARS)}
 
-        Parameters
-        ----------
-        X : array-like, dask array, zarr.Array or (url, path), shape (m, d)
-        n_samples : int, default=1
-        random_state : int, RandomState, Generator or None, default=0
-            An int or RandomState draws what scikit-learn draws.
-
-        Returns
-        -------
-        ndarray of shape (m, n_samples) or (m, t, n_samples)
-        """
-        if isinstance(n_samples, bool) or not isinstance(n_samples, Integral) or n_samples < 0:
-            raise ValueError(f"n_samples must be an integer >= 0 (draws per point); got "
-                             f"{n_samples!r}.")
-        rng = (random_state if isinstance(random_state, np.random.Generator)
-               else check_random_state(random_state))  # an int: scikit-learn's draws
-        mean, cov = self.predict(X, return_cov=True)
-        if mean.ndim == 1:
-            return rng.multivariate_normal(mean, cov, n_samples).T
-        draws = [rng.multivariate_normal(mean[:, k], cov[..., k], n_samples).T[:, np.newaxis]
-                 for k in range(mean.shape[1])]
-        return np.hstack(draws)
-
-    # ------------------------------------------- state (model files: ._gp_store)
-    def _state(self) -> dict[str, Any]:
-        """The fitted state beyond the public attributes: the preconditioner's pivot seed,
-        the target scaling and (``"nystrom"``) the posterior's statistics."""
-        state = {"pivot_seed": getattr(self, "_pivot_seed", None),
-                 "y_train_mean": self._targets.mean, "y_train_std": self._targets.std}
-        if self.solver_ == "nystrom":
-            state.update(self._posterior.state())
-        return state
-
-    def _set_state(self, solver: str, variance: str, state: dict[str, Any]) -> None:
-        """Become the fitted model ``state`` describes (with ``kernel_`` set): the entries
-        :meth:`_state` gives, and the arrays ``alpha_``, ``X_train_``, ``y_train_``, ``L_``."""
-        self.alpha_ = a = state["alpha_"]
+    def _set_file_state(self, state: dict[str, Any]) -> None:
+        """Become the fitted model ``state`` describes (``kernel_`` set): the attributes,
+        then the posterior, rebuilt as the fit left it."""
+        super()._set_file_state(state)
+        a, solver = self.alpha_, self.solver_
         self._targets = TargetScaling(state["y_train_mean"], state["y_train_std"], a.ndim == 1,
                                       a.ndim == 2 and a.shape[1] == 1)
+        if solver != "nystrom":
+            self._pivot_seed = state["pivot_seed"]
         alpha = self._checked_alpha(solver)
-        if solver == "nystrom":
-            self._bind(SparsePosterior.from_state({**state, "kernel": self.kernel_,
-                                                   "alpha": alpha}))
-            self.centers_ = self._posterior.centers
-            return
-        self.X_train_, self.y_train_ = state["X_train_"], state["y_train_"]
-        self._pivot_seed = state["pivot_seed"]
-        solved: Posterior
-        if solver == "exact":
-            self.L_ = state["L_"]
-            solved = ExactPosterior(self.kernel_, np.asarray(self.X_train_), a, self.L_,
-                                    backend=self.backend)
-        else:
-            solved = CGPosterior(self.kernel_, self.X_train_, a, alpha=alpha,
-                                 rank=self.preconditioner_rank, pivot_seed=self._pivot_seed,
-                                 tol=check_tol(self.tol), backend=self.backend)
-        self._bind(self._answering(solved, variance, alpha))
-
-
-def _check_cov_size(m: int) -> None:
-    if 8 * m * m > MAX_COV_BYTES:
-        raise ValueError(f"return_cov=True for {m} test points builds an {m} x {m} covariance "
-                         f"({8 * m * m / 2**30:.1f} GiB), more than the {MAX_COV_BYTES / 2**30:g} "
-                         "GiB allowed (MAX_COV_BYTES). Use return_std=True for the pointwise "
-                         "standard deviations, or ask for the covariance of fewer points.")
+        solved = rebuilt(solver, self.kernel_, state, _gp_methods.SPARSE_SCALARS, alpha=alpha,
+                         rank=self.preconditioner_rank, tol=check_tol(self.tol),
+                         backend=self.backend)
+        self._bind(self._answering(solved, self.variance_, alpha))

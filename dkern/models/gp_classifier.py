@@ -13,11 +13,13 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from ..io import Rows
 from ..kernels import Gaussian, Kernel, Scaled
 from ..operators import gram
 from ..solvers import EXACT_MAX_N
 from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
+from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim
 from ._validation import (
     check_choice,
     check_labels,
@@ -38,7 +40,7 @@ MULTI_CLASS = ("one_vs_rest", "binary")
 PROBABILITIES = ("sklearn", "probit")
 
 
-class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
+class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
     """Gaussian process classification by the Laplace approximation (logistic link).
 
     For 0/1 targets ``t``, ``π = σ(f)`` and ``W = diag(π(1 − π))``, Newton's method finds the
@@ -146,7 +148,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         self.backend = backend
         self.random_state = random_state
 
-    def fit(self, X: Any, y: Any) -> GaussianProcessClassifier:
+    def fit(self, X: Rows, y: Rows) -> GaussianProcessClassifier:
         """Learn the hyperparameters (if ``optimizer``), then find the Laplace posterior of
         each binary problem.
 
@@ -228,7 +230,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
         return float(np.mean([_laplace.log_evidence(m.psi, L)
                               for m, L in zip(modes, chols, strict=True)]))
 
-    def predict_proba(self, X: Any) -> np.ndarray:
+    def predict_proba(self, X: Rows) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
 
         Parameters
@@ -248,7 +250,7 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             return np.column_stack([1 - P[:, 0], P[:, 0]])
         return P / P.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
 
-    def predict(self, X: Any) -> np.ndarray:
+    def predict(self, X: Rows) -> np.ndarray:
         """The most probable class: for two classes, the sign of the latent mean (R&W §3.4.2).
 
         Parameters
@@ -396,3 +398,13 @@ class GaussianProcessClassifier(ClassifierMixin, BaseEstimator):
             Ks = _laplace.dense_grams(self._kernels(), np.asarray(self.X_fit_, dtype=np.float64))
             self._chols = [dense_factor(K, pi)[1] for K, pi in zip(Ks, self._pis(), strict=True)]
         return self._chols
+
+    #: The file :func:`dkern.save` writes (``p`` binary problems, 1 for two classes); never
+    #: the n × n factors, rebuilt from ``pi_`` on first use.
+    _model_file = ModelFile(marker="pi_", kernel="learned", dims=(problems_dim,),
+                            layouts=dict.fromkeys(SOLVERS[1:], FileLayout(
+                                arrays={"X_fit": ("n", "d"), "y_train": ("n",), "pi": ("n", "p?")},
+                                scalars={"solver_": "str", "n_iter_": "counts",
+                                         "n_features_in_": "positive", "n_classes_": "positive",
+                                         "log_marginal_likelihood_value_": "number or null",
+                                         "classes_": "labels"}, lazy=("X_fit", "pi"))))

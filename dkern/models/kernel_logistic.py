@@ -14,9 +14,11 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..errors import ConvergenceWarning
+from ..io import Rows
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from . import _klr
+from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim, residual_rows_dim
 from ._validation import (
     as_generator,
     check_alpha,
@@ -35,7 +37,7 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("newton-cg", "gd")
 
 
-class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
+class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
     """Kernel logistic regression (no intercept), binary and one-vs-rest, on data larger
     than memory.
 
@@ -118,7 +120,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
 
     @worker_failures()
-    def fit(self, X: Any, y: Any, *,
+    def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelLogisticRegression:
         """Fit the model.
 
@@ -180,7 +182,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
                                      callback=callback)
 
     @worker_failures()
-    def decision_function(self, X: Any) -> Any:
+    def decision_function(self, X: Rows) -> Any:
         """The scores ``K(X, X_fit_) @ dual_coef_`` (the log-odds of each problem).
 
         Parameters
@@ -198,7 +200,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
                       name="dkern-predict") @ self.dual_coef_
         return scores.compute() if isinstance(Xv, np.ndarray) else scores
 
-    def predict_proba(self, X: Any) -> Any:
+    def predict_proba(self, X: Rows) -> Any:
         """Class probabilities, columns in the order of ``classes_``.
 
         Parameters
@@ -216,7 +218,7 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
             return lib.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
 
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The most probable class (two classes: ``classes_[1]`` where the score is > 0).
 
         Parameters
@@ -233,3 +235,15 @@ class KernelLogisticRegression(ClassifierMixin, BaseEstimator):
             return da.map_blocks(self.classes_.take, index, dtype=self.classes_.dtype)
         return self.classes_[index]
 
+    #: The file :func:`dkern.save` writes: arrays by dimension (``n`` rows, ``d`` features,
+    #: ``p`` binary problems, 1 for two classes: ``dual_coef`` is then 1-D; ``r`` =
+    #: n_iter_ + 1 residual rows); ``classes_`` as JSON with its dtype.
+    _model_file = ModelFile(marker="dual_coef_", kernel="fitted",
+                            dims=(problems_dim, residual_rows_dim),
+                            layouts=dict.fromkeys(SOLVERS, FileLayout(
+                                arrays={"dual_coef": ("n", "p?"), "X_fit": ("n", "d"),
+                                        "residuals": ("r", "p")},
+                                scalars={"solver_": "str", "n_iter_": "count",
+                                         "converged_": "bool", "n_features_in_": "positive",
+                                         "classes_": "labels"},
+                                lazy=("dual_coef", "X_fit"))))

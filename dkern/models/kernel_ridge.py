@@ -13,12 +13,13 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
-from ..io import is_store_ref, write_array
+from ..io import Rows, is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
+from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, residual_rows_dim
 from ._validation import (
     as_float64,
     as_generator,
@@ -51,7 +52,7 @@ CENTERS = ("uniform", "leverage")
 CG_PRECONDITIONER_RANK = 300
 
 
-class KernelRidge(RegressorMixin, BaseEstimator):
+class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
     """Kernel ridge regression on data larger than memory.
 
     With ``alpha`` exactly as in :class:`sklearn.kernel_ridge.KernelRidge`, the
@@ -84,8 +85,8 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         ``"cg"``: CG on the lazy ``K + alpha I`` with a rank-``CG_PRECONDITIONER_RANK``
         Nyström preconditioner (randomly pivoted Cholesky). ``"nystrom"``: Falkon with M
         centres, an approximation of the model (see above). ``"gd"``: kernelised gradient
-        descent (the seeds' representer-theorem learner), ``c ← c + τ (y − (K + αI) c)``
-        from ``c = 0`` with ``τ = 1 / λ_max(K + αI)`` estimated by 20 Lanczos steps
+        descent (Yao, Rosasco & Caponnetto 2007), ``c ← c + τ (y − (K + αI) c)`` from
+        ``c = 0`` with ``τ = 1 / λ_max(K + αI)`` estimated by 20 Lanczos steps
         (:func:`dkern.solvers.gd`); the same solution as ``"cg"`` to ``tol`` but after about
         ``κ ln(1/tol)`` iterations, ``κ = λ_max(K + αI) / α``, against CG's ``√κ``, so
         ``"auto"`` never picks it. ``"auto"`` never trades accuracy: exact up to
@@ -185,7 +186,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         return tags
 
     @worker_failures()
-    def fit(self, X: Any, y: Any, *,
+    def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelRidge:
         """Fit the model.
 
@@ -235,7 +236,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         return self
 
     @worker_failures()
-    def predict(self, X: Any, out: tuple[str, str] | None = None, *,
+    def predict(self, X: Rows, out: tuple[str, str] | None = None, *,
                 overwrite: bool = False) -> Any:
         """Predict ``K(X, X_fit_) @ dual_coef_`` (or ``K(X, centers_) @ dual_coef_``).
 
@@ -317,6 +318,24 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         self.dual_coef_, self.centers_ = np.ascontiguousarray(beta), np.ascontiguousarray(C)
         self.n_iter_, self.residuals_ = result.n_iter, result.residuals
         self.converged_ = bool(result.converged.all())
+
+    # ------------------------------------------------------------ model file
+    #: The file :func:`dkern.save` writes: arrays by dimension (``n`` rows, ``m`` centres,
+    #: ``d`` features, ``t`` targets, "t?": (n,) or (n, t), ``r`` = n_iter_ + 1 residual rows).
+    _model_file = ModelFile(
+        marker="dual_coef_", kernel="fitted", dims=(centers_dim, residual_rows_dim),
+        layouts={solver: FileLayout(
+            arrays=({"centers": ("m", "d"), "dual_coef": ("m", "t?")} if solver == "nystrom"
+                    else {"X_fit": ("n", "d"), "dual_coef": ("n", "t?")})
+            | ({} if solver == "exact" else {"residuals": ("r", "t")}),
+            scalars={"solver_": "str", "n_iter_": "count", "converged_": "bool",
+                     "n_features_in_": "positive"},
+            lazy=("dual_coef", "X_fit")) for solver in SOLVERS[1:]})
+
+    def _set_file_state(self, state: dict[str, Any]) -> None:
+        super()._set_file_state(state)
+        if self.solver_ == "exact":
+            self.residuals_ = None  # one direct solve: no residual history
 
 
 def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, str]:

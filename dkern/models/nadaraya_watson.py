@@ -13,18 +13,19 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..backends import resolve_backend
-from ..io import is_lazy
+from ..io import Rows, is_lazy
 from . import _smoothing
+from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import check_X, check_y
 
 logger = logging.getLogger(__name__)
 
 
-class NadarayaWatson(RegressorMixin, BaseEstimator):
+class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
     """Nadaraya–Watson kernel regression on data larger than memory.
 
-    The prediction at x is the kernel-weighted mean of the training targets, as the seeds
-    derive it from a Parzen estimate of the joint density of (x, t):
+    The prediction at x is the kernel-weighted mean of the training targets, as Bishop
+    (2006, §6.3.1) derives it from a Parzen estimate of the joint density of (x, t):
 
     .. math:: y(x) = \\frac{\\sum_n k\\bigl((x - x_n)/h\\bigr)\\, t_n}
                           {\\sum_m k\\bigl((x - x_m)/h\\bigr)}.
@@ -71,7 +72,7 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> NadarayaWatson:
+    def fit(self, X: Rows, y: Rows) -> NadarayaWatson:
         """Keep the training rows and targets (nothing is computed until ``predict``).
 
         Parameters
@@ -92,7 +93,7 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
         return self
 
     @worker_failures()
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The kernel-weighted mean of the training targets at each row of X.
 
         Parameters
@@ -124,6 +125,12 @@ class NadarayaWatson(RegressorMixin, BaseEstimator):
                           f"are NaN. Widen the bandwidth (now {self.bandwidth}) or use the "
                           "Gaussian kernel.", RuntimeWarning, stacklevel=2)
         return out
+
+    #: The file :func:`dkern.save` writes: the training rows and targets (``n`` rows, ``d``
+    #: features, ``t`` targets; "t?": (n,) or (n, t)). "kernel" as :class:`KernelDensity`'s.
+    _model_file = ModelFile(marker="y_fit_", kernel="given", layouts=FileLayout(
+        arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")}, lazy=("X_fit", "y_fit"),
+        scalars={"n_features_in_": "positive"}))
 
 
 def _weighted_mean(sums: np.ndarray) -> np.ndarray:

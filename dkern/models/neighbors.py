@@ -13,14 +13,16 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..backends import resolve_backend
+from ..io import Rows
 from ..operators import data_rows
 from ..operators.reductions import nearest_neighbors
+from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
 from ._validation import check_choice, check_labels, check_X, check_y, in_memory
 
 WEIGHTS = ("uniform", "distance")
 
 
-class _Neighbors(BaseEstimator):
+class _Neighbors(DeclaredState, BaseEstimator):
     """Exact Euclidean k-nearest neighbours: per-chunk top-k merged across chunks.
 
     Of training rows at the same distance the lower index comes first (in every
@@ -44,7 +46,7 @@ class _Neighbors(BaseEstimator):
         return Xv
 
     @worker_failures()
-    def kneighbors(self, X: Any = None, n_neighbors: int | None = None,
+    def kneighbors(self, X: Rows | None = None, n_neighbors: int | None = None,
                    return_distance: bool = True) -> Any:
         """The nearest training rows of each row of X.
 
@@ -120,7 +122,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         tags.target_tags.multi_output = True
         return tags
 
-    def fit(self, X: Any, y: Any) -> KNeighborsRegressor:
+    def fit(self, X: Rows, y: Rows) -> KNeighborsRegressor:
         """Keep the training rows and targets (no index to build: search is exhaustive).
 
         Parameters
@@ -136,7 +138,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         self.y_fit_ = in_memory(check_y(y, Xv.shape[0], "KNeighborsRegressor"))
         return self
 
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T)."""
         check_is_fitted(self, "y_fit_")
         ind, w = self._neighbour_weights(X)
@@ -147,6 +149,15 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         else:
             pred = _weighted_mean(ind, w, y=y2)
         return pred[:, 0] if self.y_fit_.ndim == 1 else pred
+
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and targets
+    #: (held in memory; "t?": (n,) or (n, t)); no kernel.
+    _model_file = ModelFile(marker="y_fit_", kernel="given", dims=(samples_dim,),
+                            layouts=FileLayout(
+                                arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")},
+                                lazy=("X_fit",),
+                                scalars={"n_features_in_": "positive",
+                                         "n_samples_fit_": "positive"}))
 
 
 class KNeighborsClassifier(ClassifierMixin, _Neighbors):
@@ -174,7 +185,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     n_samples_fit_, n_features_in_ : int
     """
 
-    def fit(self, X: Any, y: Any) -> KNeighborsClassifier:
+    def fit(self, X: Rows, y: Rows) -> KNeighborsClassifier:
         """Keep the training rows and labels.
 
         Parameters
@@ -192,7 +203,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         self.classes_, self.y_codes_ = np.unique(labels, return_inverse=True)
         return self
 
-    def predict_proba(self, X: Any) -> Any:
+    def predict_proba(self, X: Rows) -> Any:
         """The neighbours' (weighted) vote shares; shape (m, n_classes), columns as ``classes_``."""
         check_is_fitted(self, "y_codes_")
         ind, w = self._neighbour_weights(X)
@@ -202,13 +213,22 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
                                  dtype=np.float64, chunks=(ind.chunks[0], (n_classes,)))
         return _vote_shares(ind, w, codes=self.y_codes_, n_classes=n_classes)
 
-    def predict(self, X: Any) -> Any:
+    def predict(self, X: Rows) -> Any:
         """The class with the largest vote share per row of X; shape (m,)."""
         shares = self.predict_proba(X)
         winner = shares.argmax(axis=1)
         if isinstance(winner, da.Array):
             return da.map_blocks(self.classes_.take, winner, dtype=self.classes_.dtype)
         return self.classes_[winner]
+
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and their
+    #: labels as indices into ``classes_`` (JSON, with its dtype); no kernel.
+    _model_file = ModelFile(marker="y_codes_", kernel="given", dims=(samples_dim,),
+                            layouts=FileLayout(
+                                arrays={"X_fit": ("n", "d"), "y_codes": ("n",)},
+                                lazy=("X_fit",),
+                                scalars={"n_features_in_": "positive",
+                                         "n_samples_fit_": "positive", "classes_": "labels"}))
 
 
 def _check_k(k: Any) -> int:

@@ -4,7 +4,7 @@ Layout (written by one :func:`dkern.io.write_arrays` call that replaces the whol
 group, so readers see the old model or the complete new one, and the store holds
 nothing of the old model after)::
 
-    attrs:  {"dkern_model": "KernelRidge", "format": 1, "dkern_version": "0.1.0",
+    attrs:  {"dkern_model": "KernelRidge", "format": 2, "dkern_version": "0.1.0",
              "arrays": ["X_fit", "dual_coef", "residuals"],
              "kernel": "Gaussian(lengthscale=1.0)", "kernel_is_default": false,
              "params": {... get_params(deep=False) without the kernel ...},
@@ -15,29 +15,31 @@ nothing of the old model after)::
 "arrays" names the model's own arrays: saving over a model refuses to delete any other
 array found beside them (e.g. predictions written into the model's store).
 
-A ``GaussianProcessRegressor`` stores (:mod:`dkern.models._gp_store`) ``alpha``
-(``alpha_``), ``X_train``, ``y_train`` (with ``pivot_seed`` in "fitted": the CG
-preconditioner is rebuilt on first use, and from the same pivots, so its stds do not
-change) and, for the exact solver, its
-Cholesky factor ``L``; for ``"nystrom"`` only M-sized
-arrays: ``alpha`` (the centres' weights), ``centers`` and the SGPR statistics ``L``,
-``P``, ``b``, ``yty`` (their scalars ``sgpr_trace``, ``sgpr_n``, ``sgpr_jitter`` in
-"fitted"), and no training data; ``kernel`` is the kernel it was
-given (null for the default) and ``fitted_kernel`` its ``kernel_``; "fitted" adds
-``variance_``, ``log_marginal_likelihood_value_`` (null for NaN) and the target
-normalisation ``y_train_mean`` / ``y_train_std``. A ``GaussianProcessClassifier``
-stores ``X_fit``, ``y_train`` and ``pi`` and its labels in "fitted" (see
-:mod:`dkern.models._gpc_store`), never an n × n factor; a ``KernelLogisticRegression``
-``dual_coef``, ``X_fit``, ``residuals`` and its labels (:mod:`dkern.models._klr_store`);
-the memory-based ``KernelDensity``, ``NadarayaWatson`` and ``KNeighbors*`` their training
-data (:mod:`dkern.models._toolbox_store`).
+What each model's file holds is declared once, on its class (``_model_file``, a
+:class:`~dkern.models._model_file.ModelFile`): per solver, its arrays with their
+dimensions and its "fitted" scalars with their kinds, and how its kernel is stored.
+``save`` and ``load`` walk that declaration and ask the model for its state
+(``_file_state`` / ``_set_file_state``); they know no model by name. In short:
+``KernelRidge`` stores ``dual_coef``, ``X_fit`` (or the Nyström ``centers``) and the
+solver's ``residuals``; ``GaussianProcessRegressor`` ``alpha``, ``X_train``, ``y_train``,
+the exact solver's Cholesky factor ``L`` and the CG preconditioner's ``pivot_seed`` (the
+preconditioner is rebuilt on first use, from the same pivots, so its stds do not change),
+or for ``"nystrom"`` only M-sized arrays (``alpha``, ``centers`` and the SGPR statistics
+``L``, ``P``, ``b``, ``yty``, their scalars ``sgpr_trace``, ``sgpr_n``, ``sgpr_jitter``),
+with the target normalisation ``y_train_mean`` / ``y_train_std``, its given ``kernel``
+(null for the default) and its learned ``fitted_kernel``; ``GaussianProcessClassifier``
+``X_fit``, ``y_train`` and ``pi`` (never an n × n factor); ``KernelLogisticRegression``
+``dual_coef``, ``X_fit``, ``residuals``; the memory-based ``KernelDensity``,
+``NadarayaWatson`` and ``KNeighbors*`` their training data. Classifiers store
+``classes_`` as a JSON list with its numpy dtype (:mod:`dkern.models.labels`).
 
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
 attributes are covered by the store pointer's checksum, so an edited or damaged file
 is refused rather than loaded as a different model; ``load`` sets only the fitted
-attributes it knows. What a file must hold before ``load`` reads any array is checked
-by :mod:`dkern.models._file_checks`.
+attributes the model declares. What a file must hold before ``load`` reads any array is
+checked by :mod:`dkern.models._file_checks`, from the same declarations. Files of
+another format than :data:`MODEL_FORMAT` are refused: no earlier format was released.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ from .._version import __version__
 from ..errors import DkernError, StoreError
 from ..io import open_array, read_attrs, write_arrays
 from ..kernels import Kernel, from_repr
-from . import _gp_store, _gpc_store, _klr_store, _toolbox_store
-from ._file_checks import MODEL_FORMAT, MODELS, checked_model_file
+from ._file_checks import MODEL_FORMAT, checked_model_file
+from ._model_file import ModelFile, decode_scalars, encode_scalars
 from ._validation import existing_arrays
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
@@ -73,10 +75,10 @@ logger = logging.getLogger(__name__)
 Model = (KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
          | KernelLogisticRegression | KernelDensity | NadarayaWatson | KNeighborsRegressor
          | KNeighborsClassifier)
-#: The array that marks each model as fitted.
-_FITTED_ARRAY = {"KernelRidge": "dual_coef_", "GaussianProcessRegressor": "alpha_",
-                 "GaussianProcessClassifier": "pi_", "KernelLogisticRegression": "dual_coef_",
-                 **_toolbox_store.FITTED_ARRAY}
+#: The model classes a file may hold, by its "dkern_model" attribute.
+MODELS: dict[str, Any] = {cls.__name__: cls for cls in (
+    KernelRidge, GaussianProcessRegressor, GaussianProcessClassifier, KernelLogisticRegression,
+    KernelDensity, NadarayaWatson, KNeighborsRegressor, KNeighborsClassifier)}
 
 
 def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) -> None:
@@ -106,50 +108,41 @@ def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) 
     StoreError
         The store already holds a model and ``overwrite`` is False.
     """
-    if not isinstance(model, tuple(MODELS.values())):
-        raise TypeError(f"save takes a fitted dkern model ({sorted(MODELS)}); got "
-                        f"{type(model).__name__}.")
     kind = type(model).__name__
-    check_is_fitted(model, _FITTED_ARRAY[kind])
+    if MODELS.get(kind) is not type(model):
+        raise TypeError(f"save takes a fitted dkern model ({sorted(MODELS)}); got {kind}.")
+    declared: ModelFile = model._model_file
+    check_is_fitted(model, declared.marker)
     url = os.fspath(url)
-    if kind in _toolbox_store.FITTED_NAMES:  # the memory-based models: their training data
-        check_can_save(url, overwrite=overwrite)
-        arrays = _toolbox_store.arrays(model)
-        write_arrays(url, arrays, overwrite=overwrite, replace_all=True,
-                     attrs={"dkern_model": kind, "format": MODEL_FORMAT,
-                            "dkern_version": __version__, "arrays": sorted(arrays),
-                            **_toolbox_store.attrs(model, _kernel_text)})
-        logger.info("saved %s to %r", kind, url)
-        return
-    kernel_text = _fitted_kernel_text(model.kernel_)
-    is_gp = isinstance(model, GaussianProcessRegressor | GaussianProcessClassifier)
+    attrs = _kernel_and_params(model, declared.kernel)
     check_can_save(url, overwrite=overwrite)
-    if isinstance(model, GaussianProcessClassifier):
-        arrays = _gpc_store.arrays(model)
-    elif isinstance(model, KernelLogisticRegression):
-        arrays = _klr_store.arrays(model)
-    else:
-        arrays = _gp_store.arrays(model) if is_gp else _krr_arrays(model)
-    attrs = {"dkern_model": type(model).__name__, "format": MODEL_FORMAT,
-             "dkern_version": __version__, "arrays": sorted(arrays), "kernel": kernel_text,
-             "kernel_is_default": model.kernel is None, "params": _json_params(model),
-             "fitted": _fitted_scalars(model)}
-    if is_gp:  # learned hyperparameters: the fitted kernel differs from the one given
-        attrs["kernel"] = _kernel_text(model.kernel) if model.kernel is not None else None
-        attrs["fitted_kernel"] = kernel_text
+    state = model._file_state()
+    layout = model._file_layout()
+    arrays = {name: state[name] for name in layout.arrays}
+    fitted = encode_scalars(state, layout.kinds(), kind)
+    fitted.update({f"{name}_lazy": isinstance(state.get(name), da.Array) for name in layout.lazy})
+    attrs.update({"dkern_model": kind, "format": MODEL_FORMAT, "dkern_version": __version__,
+                  "arrays": sorted(arrays), "fitted": fitted})
     write_arrays(url, arrays, attrs=attrs, overwrite=overwrite, replace_all=True)
-    logger.info("saved %s (solver %s) to %r", type(model).__name__, model.solver_, url)
+    logger.info("saved %s%s to %r", kind, f" (solver {fitted['solver_']})"
+                if "solver_" in fitted else "", url)
 
 
-def _krr_arrays(model: KernelRidge) -> dict[str, Any]:
-    arrays: dict[str, Any] = {"dual_coef": model.dual_coef_}
-    if model.solver_ == "nystrom":
-        arrays["centers"] = model.centers_
-    else:
-        arrays["X_fit"] = model.X_fit_
-    if model.residuals_ is not None:
-        arrays["residuals"] = model.residuals_
-    return arrays
+def _kernel_and_params(model: Model, stored: str) -> dict[str, Any]:
+    """The attributes "kernel", "kernel_is_default", "params" (and "fitted_kernel" for a
+    ``"learned"`` kernel), as :class:`~._model_file.ModelFile`'s ``kernel`` says."""
+    if stored == "given":  # a parameter: a dkern kernel's repr, or a name kept in "params"
+        params = model.get_params(deep=False)
+        kernel = params.get("kernel")
+        text = _kernel_text(params.pop("kernel")) if isinstance(kernel, Kernel) else None
+        return {"kernel": text, "kernel_is_default": False, "params": params}
+    fitted_text = _fitted_kernel_text(model.kernel_)
+    attrs: dict[str, Any] = {"kernel": fitted_text, "kernel_is_default": model.kernel is None,
+             "params": _json_params(model)}
+    if stored == "learned":  # learned hyperparameters: the fitted kernel differs from the one given
+        attrs["kernel"] = _kernel_text(model.kernel) if model.kernel is not None else None
+        attrs["fitted_kernel"] = fitted_text
+    return attrs
 
 
 def load(url: str | os.PathLike[str]) -> Model:
@@ -170,32 +163,33 @@ def load(url: str | os.PathLike[str]) -> Model:
     ------
     StoreError
         No store at ``url``, a store that is not a dkern model, a model written in
-        another format or by an incompatible (different major) dkern version, or a
-        model file that was edited or damaged.
+        another format (:data:`MODEL_FORMAT` is the only one; no earlier one was
+        released) or by an incompatible (different major) dkern version, or a model
+        file that was edited or damaged.
     MemoryLimitError
         The arrays loaded into memory claim more bytes than this machine has available
         (checked, like everything above, before any array is read).
     """
     url = os.fspath(url)
-    attrs, fitted = checked_model_file(url)
-    kind = attrs["dkern_model"]
-    if kind in _toolbox_store.FITTED_NAMES:
-        model = _toolbox_store.restore(MODELS[kind], attrs, fitted,
-                                       lambda name, lazy: _read(url, name, lazy=lazy))
-        _set_fitted(model, fitted)
-        return model
-    given = None if attrs["kernel_is_default"] else _kernel(url, attrs, "kernel")
-    model = MODELS[kind](kernel=given, **attrs["params"])
-    model.kernel_ = _kernel(url, attrs, "fitted_kernel" if attrs.get("fitted_kernel") else "kernel")
-    if isinstance(model, GaussianProcessRegressor):
-        _gp_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
-    elif isinstance(model, GaussianProcessClassifier):
-        _gpc_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
-    elif isinstance(model, KernelLogisticRegression):
-        _klr_store.restore(model, fitted, lambda name, lazy: _read(url, name, lazy=lazy))
+    attrs, fitted = checked_model_file(url, MODELS)
+    cls = MODELS[attrs["dkern_model"]]
+    declared: ModelFile = cls._model_file
+    layout = declared.layout(fitted.get("solver_"))
+    assert layout is not None  # checked_model_file refuses other solvers
+    params = dict(attrs["params"])
+    if declared.kernel == "given":
+        if attrs["kernel"] is not None:
+            params["kernel"] = _kernel(url, attrs, "kernel")
+        model = cls(**params)
     else:
-        _restore_krr(model, url, fitted)
-    _set_fitted(model, fitted)
+        given = None if attrs["kernel_is_default"] else _kernel(url, attrs, "kernel")
+        model = cls(kernel=given, **params)
+        model.kernel_ = _kernel(url, attrs, "fitted_kernel" if declared.kernel == "learned"
+                                else "kernel")
+    state = decode_scalars(fitted, layout.kinds())
+    state.update({name: _read(url, name, lazy=fitted.get(f"{name}_lazy", False))
+                  for name in layout.arrays})
+    model._set_file_state(state)
     return model
 
 
@@ -208,25 +202,6 @@ def _kernel(url: str, attrs: dict[str, Any], key: str) -> Kernel | list[Kernel]:
         raise StoreError(f"{url!r}: the model's attribute {key!r} is not a kernel dkern can "
                          f"rebuild ({err}). The file was not written by dkern.save (or was "
                          "edited after); save the model again.") from None
-
-
-def _set_fitted(model: Model, fitted: dict[str, Any]) -> None:
-    """Set the fitted scalars :func:`._file_checks.checked_model_file` let through."""
-    if "feature_names_in_" in fitted:
-        fitted["feature_names_in_"] = np.asarray(fitted["feature_names_in_"], dtype=object)
-    for name, value in fitted.items():
-        setattr(model, name, value)
-
-
-def _restore_krr(model: KernelRidge, url: str, fitted: dict[str, Any]) -> None:
-    """Set KernelRidge's fitted arrays; pop their entries from ``fitted``."""
-    model.dual_coef_ = _read(url, "dual_coef", lazy=fitted.pop("dual_coef_lazy"))
-    x_fit_lazy = fitted.pop("X_fit_lazy")
-    if fitted["solver_"] == "nystrom":
-        model.centers_ = _read(url, "centers", lazy=False)
-    else:
-        model.X_fit_ = _read(url, "X_fit", lazy=x_fit_lazy)
-    model.residuals_ = _read(url, "residuals", lazy=False) if fitted["solver_"] != "exact" else None
 
 
 def _fitted_kernel_text(kernel: Kernel | list[Kernel]) -> str | list[str]:
@@ -251,12 +226,14 @@ def _kernel_text(kernel: Kernel) -> str:
 
 
 def _json_params(model: Model) -> dict[str, Any]:
+    """``get_params(deep=False)`` without the kernel, as JSON (warnings point at ``save``'s
+    caller: four frames up)."""
     params = model.get_params(deep=False)
     params.pop("kernel")
     if callable(params.get("optimizer")):
         warnings.warn(f"optimizer={params['optimizer']!r} (a function) cannot be stored in a "
                       "model file; the loaded model gets optimizer='lbfgs' (this only matters "
-                      "if it is refitted).", UserWarning, stacklevel=3)
+                      "if it is refitted).", UserWarning, stacklevel=4)
         params["optimizer"] = "lbfgs"
     # numpy scalars (from np.arange/np.logspace grids) and one-value arrays (alpha, as
     # scikit-learn takes it) are stored as the Python numbers they are
@@ -267,27 +244,9 @@ def _json_params(model: Model) -> dict[str, Any]:
     if seed is not None and not isinstance(seed, int):
         warnings.warn(f"random_state={seed!r} cannot be stored in a model file; the loaded "
                       "model gets random_state=None (this only matters if it is refitted). "
-                      "Fit with an int random_state to keep it.", UserWarning, stacklevel=3)
+                      "Fit with an int random_state to keep it.", UserWarning, stacklevel=4)
         params["random_state"] = None
     return params
-
-
-def _fitted_scalars(model: Model) -> dict[str, Any]:
-    if isinstance(model, GaussianProcessClassifier):
-        return _gpc_store.fitted(model)
-    if isinstance(model, KernelLogisticRegression):
-        return _klr_store.fitted(model)
-    fitted: dict[str, Any] = {
-        "solver_": model.solver_, "n_iter_": int(model.n_iter_),
-        "converged_": bool(model.converged_), "n_features_in_": int(model.n_features_in_)}
-    if isinstance(model, GaussianProcessRegressor):
-        fitted.update(_gp_store.fitted(model))
-    else:
-        fitted.update({"dual_coef_lazy": isinstance(model.dual_coef_, da.Array),
-                       "X_fit_lazy": isinstance(getattr(model, "X_fit_", None), da.Array)})
-    if hasattr(model, "feature_names_in_"):
-        fitted["feature_names_in_"] = [str(name) for name in model.feature_names_in_]
-    return fitted
 
 
 def check_can_save(url: str | os.PathLike[str], *, overwrite: bool = False) -> None:
@@ -306,9 +265,8 @@ def check_can_save(url: str | os.PathLike[str], *, overwrite: bool = False) -> N
     url = os.fspath(url)
     found = _existing_attrs(url)
     present = existing_arrays(url)
-    # files written before "arrays" was stored: all their arrays count as the model's
-    data = sorted(set(present) - set(found.get("arrays", present))) if "dkern_model" in found \
-        else present
+    model_arrays = found.get("arrays") if "dkern_model" in found else []
+    data = sorted(set(present) - set(model_arrays if isinstance(model_arrays, list) else []))
     if data:  # never offer overwrite here: it would delete the data arrays
         beside = f"a saved {found['dkern_model']} model and " if "dkern_model" in found else ""
         raise StoreError(f"{url!r} holds {beside}data arrays {data}, not part of a saved "
