@@ -32,6 +32,7 @@ from ._validation import (
 )
 from .labels import one_vs_rest_targets
 from .logistic import dense_factor
+from .posteriors.policy import check_solver_fits, choose_solver
 
 logger = logging.getLogger(__name__)
 
@@ -343,13 +344,10 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
 
     def _resolve_solver(self, n: int) -> str:
         if self.solver == "auto":
-            solver = "exact" if n <= EXACT_MAX_N else "cg"
-            logger.info("GaussianProcessClassifier: solver='auto' chose %r (n=%d, "
-                        "EXACT_MAX_N=%d)", solver, n, EXACT_MAX_N)
+            solver, why = choose_solver(n, None, exact_max_n=EXACT_MAX_N)
+            logger.info("GaussianProcessClassifier: solver='auto' chose %r: %s", solver, why)
             return solver
-        if self.solver == "exact" and n > EXACT_MAX_N:
-            raise ValueError(f"solver='exact' holds dense n x n matrices and allows n <= "
-                             f"{EXACT_MAX_N}; got n={n}. Use solver='cg'.")
+        check_solver_fits(self.solver, n, None, exact_max_n=EXACT_MAX_N, instead="solver='cg'")
         return self.solver
 
     def _kernels(self) -> list[Kernel]:

@@ -7,8 +7,9 @@ never leaves their span and moves the coefficients only:
 .. math:: \\beta \\leftarrow \\beta + \\frac{\\eta}{n}\\, r(\\beta), \\qquad
           r(\\beta) = -n \\times (\\text{the gradient's coefficients}),
 
-e.g. ``r = y − (K + αI)β`` for squared loss with ``α = nλ``: the seeds' ``β ← β +
-(η/n)(y − Kβ)`` with the ridge term. :func:`descend` runs ``x ← x + τ r(x)`` (``τ = η/n``)
+e.g. ``r = y − (K + αI)β`` for squared loss with ``α = nλ``: the functional gradient
+step ``β ← β + (η/n)(y − Kβ)`` of Yao, Rosasco & Caponnetto (2007), with the ridge term.
+:func:`descend` runs ``x ← x + τ r(x)`` (``τ = η/n``)
 for any residual map ``r``; :func:`gd` is the linear case, where the fixed point is the
 solution of ``A x = b`` and ``τ = 1 / λ_max(A)`` comes from a few Lanczos steps
 (:func:`top_eigenvalue`).
@@ -124,7 +125,8 @@ def gd(A: LinearOperator, B: Any, *, step: float | None = None, tol: float = 1e-
 
     is gradient descent on ``½ xᵀAx − bᵀx`` with the ``1/L`` step of an L-smooth
     objective (for ``A = K + αI``, gradient descent on the KRR objective in the RKHS:
-    the seeds' ``β ← β + (η/n)(y − (K + αI)β)`` with ``η = n τ``). Each column's
+    Yao, Rosasco & Caponnetto's (2007) ``β ← β + (η/n)(y − (K + αI)β)`` with
+    ``η = n τ``). Each column's
     residual falls by at least ``1 − λ_min/λ_max`` per step, and the step stays
     convergent if the estimate of ``λ_max`` is low by less than a factor 2. Start at 0.
 

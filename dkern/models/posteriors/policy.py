@@ -1,6 +1,7 @@
-"""The one ``solver="auto"`` policy of the regression models: never a less accurate model unasked.
+"""The one ``solver="auto"`` policy of the kernel models: never a less accurate model unasked.
 
-Kernel ridge and the GP regressor both solve ``(K + alpha I) a = y``; ``"auto"`` picks the
+Kernel ridge and the GP regressor both solve ``(K + alpha I) a = y``, the Laplace GP
+classifier Newton systems of the same size; ``"auto"`` picks the
 dense Cholesky up to ``EXACT_MAX_N`` rows, preconditioned CG above (the same solution, to
 ``tol``), and the Nyström/sparse model only when its centres were asked for.
 :func:`variance_posterior` says which posterior answers the GP's ``variance`` beside the
@@ -34,12 +35,13 @@ def choose_solver(n: int, n_centers: int | None, *, exact_max_n: int) -> tuple[s
     return "cg", f"n={n} > EXACT_MAX_N={exact_max_n}: preconditioned CG, the exact model to tol"
 
 
-def check_solver_fits(solver: str, n: int, n_centers: int | None, *, exact_max_n: int) -> None:
+def check_solver_fits(solver: str, n: int, n_centers: int | None, *, exact_max_n: int,
+                      instead: str = "solver='cg' or 'nystrom'") -> None:
     """Raise if ``solver`` cannot take n rows: a dense solve above ``exact_max_n``, or more
-    centres than rows."""
+    centres than rows. ``instead`` names the solvers the message suggests."""
     if solver == "exact" and n > exact_max_n:
-        raise ValueError(f"solver='exact' holds the dense n x n matrix K + alpha I and allows "
-                         f"n <= {exact_max_n}; got n={n}. Use solver='cg' or 'nystrom'.")
+        raise ValueError(f"solver='exact' holds dense n x n matrices (K + alpha I, its "
+                         f"factor) and allows n <= {exact_max_n}; got n={n}. Use {instead}.")
     if solver == "nystrom" and n_centers is not None and n_centers > n:
         raise ValueError(f"n_centers={n_centers} is more centres than the {n} training "
                          f"rows (centres are distinct rows of X); use n_centers <= {n}.")
