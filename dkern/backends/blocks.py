@@ -31,11 +31,12 @@ from ..kernels.base import finite_values
 from .keops_backend import matvec_block_keops
 from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
+from .projections import KeopsProjections, ProjectionBlocks
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "block_backend"]
 
 
-class NumpyBlocks:
+class NumpyBlocks(ProjectionBlocks):
     """Cache-sized tiles of kernel values, each folded into the result by one BLAS call."""
 
     name = "numpy"
@@ -60,7 +61,7 @@ class NumpyBlocks:
         return np.asarray(kernel.diag(x), dtype=x.dtype)
 
 
-class KeopsBlocks(NumpyBlocks):
+class KeopsBlocks(KeopsProjections, NumpyBlocks):
     """KeOps reductions for the products; dense blocks and diagonals as numpy's.
 
     KeOps streams kernel values through registers and never stores a block, so

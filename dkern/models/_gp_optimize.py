@@ -173,15 +173,16 @@ def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimi
 
 def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
                              n_centers: int | None, optimizer: Any, n_restarts: int,
-                             random_state: Any) -> SparsePosterior:
+                             random_state: Any, backend: str = "auto") -> SparsePosterior:
     """SGPR (Titsias 2009): M centres drawn from X's rows, the kernel maximising the bound
     F (if ``optimizer``; each evaluation two passes over X, the centres fixed), and the
-    posterior of its statistics (the optimizer's last pass, when it ended there)."""
+    posterior of its statistics (the optimizer's last pass, when it ended there); the passes'
+    blocks computed by ``backend``."""
     Xd, Yd = training_data(X, y)  # numpy X is sent to the cluster once
     Z = centers(Xd, n_centers, as_generator(random_state))
-    bound = SparseBound(Xd, Yd, Z, alpha)
+    bound = SparseBound(Xd, Yd, Z, alpha, backend=backend)
     if optimizer is not None and len(kernel.theta) > 0:
         theta, _ = optimize(kernel, bound, optimizer, n_restarts,
                             check_random_state(legacy_seed(random_state)))
         kernel = kernel.with_theta(theta)
-    return SparsePosterior(bound.statistics(kernel), alpha)
+    return SparsePosterior(bound.statistics(kernel), alpha, backend)

@@ -305,7 +305,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
         """SGPR on ``n_centers`` centres, the kernel learned on its bound (if ``optimizer``)."""
         posterior = learned_sparse_posterior(
             kernel, X, y, alpha, n_centers=self.n_centers, optimizer=self.optimizer,
-            n_restarts=self.n_restarts_optimizer, random_state=self.random_state)
+            n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
+            backend=self.backend)
         self.kernel_, self.centers_ = posterior.stats.kernel, posterior.centers
         self.log_marginal_likelihood_value_ = posterior.log_marginal_likelihood()
         w = posterior.weights
@@ -477,7 +478,8 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                              "another theta needs; refit it on the data to evaluate "
                              "log_marginal_likelihood(theta).")
         Xd, Yd = training_data(self.X_train_, self.y_train_)
-        return SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"))
+        return SparseBound(Xd, Yd, self.centers_, self._checked_alpha("nystrom"),
+                           backend=self.backend)
 
     def sample_y(self, X: Any, n_samples: int = 1, random_state: Any = 0) -> np.ndarray:
         """Draws from the posterior at X (m <= ``sqrt(MAX_COV_BYTES / 8)``), as scikit-learn
@@ -524,8 +526,10 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                                       a.ndim == 2 and a.shape[1] == 1)
         alpha = self._checked_alpha(solver)
         if solver == "nystrom":
-            self._bind(SparsePosterior.from_state({**state, "kernel": self.kernel_,
-                                                   "alpha": alpha}))
+            posterior = SparsePosterior.from_state({**state, "kernel": self.kernel_,
+                                                    "alpha": alpha})
+            posterior.backend = self.backend  # not part of the file's state
+            self._bind(posterior)
             self.centers_ = self._posterior.centers
             return
         self.X_train_, self.y_train_ = state["X_train_"], state["y_train_"]
