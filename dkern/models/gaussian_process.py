@@ -530,7 +530,7 @@ class GaussianProcessRegressor(RegressorMixin, BaseEstimator):
                                                     "alpha": alpha})
             posterior.backend = self.backend  # not part of the file's state
             self._bind(posterior)
-            self.centers_ = self._posterior.centers
+            self.centers_ = posterior.centers
             return
         self.X_train_, self.y_train_ = state["X_train_"], state["y_train_"]
         self._pivot_seed = state["pivot_seed"]

@@ -16,6 +16,8 @@ from uniform candidates ∝ the scores the previous dictionary gives them, and
 with ``A = diag(m p_j / c_j)`` for m draws with probability p_j and multiplicity c_j.
 The final scores of all n rows are a dask graph over X's row chunks, and the
 centres are sampled from them chunk-then-row, so no n-vector reaches the client.
+Each score is the whitened residual diagonal ``k_ii − ‖L⁻¹ K_Ji‖²`` of the backend's
+``leverage`` block (:mod:`dkern.backends.projections`).
 The levels before it score at most ``POOL_MAX`` candidates against at most
 ``DICT_MAX`` dictionary rows (4,000 × 2,000 kernel entries, whatever n is): that
 work is of the size of the M × M factors and runs where they live, on the client.

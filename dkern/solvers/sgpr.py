@@ -15,7 +15,10 @@ and whitened by ``L = chol(K_uu)`` per tile as GPflow's ``SGPR`` does (forming
 .. math:: P = L^{-1} K_{un} K_{nu} L^{-\\top}, \\quad b = L^{-1} K_{un} y, \\quad
           y^\\top y, \\quad \\textstyle\\sum_i k(x_i, x_i).
 
-Only M-sized results reach the client, and none depends on s. Then, with
+Only M-sized results reach the client, and none depends on s. The per-chunk work of
+every pass (statistics, gradient, prediction) is a method of the block backend
+(:mod:`dkern.backends.projections`): numpy forms ``L⁻¹ K_un`` by tiles and a triangular
+solve, KeOps by one Sum reduction against ``L⁻ᵀ``. Then, with
 ``B = I + P/s = L_B L_Bᵀ`` and ``c = L_B⁻¹ b / s``:
 
 .. math:: F = -\\tfrac{n}{2}\\log 2\\pi s - \\textstyle\\sum \\log \\mathrm{diag}\\, L_B
