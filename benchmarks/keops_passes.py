@@ -13,6 +13,7 @@ between the two backends' results relative to the largest numpy value.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--centers", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", default="", help="run the passes whose name contains this")
     parser.add_argument("--write", action="store_true", help="rewrite the RESULTS.md section")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -71,8 +73,10 @@ def main() -> None:
     rows = []
     with dask.config.set(scheduler="synchronous"):
         for name, run in passes(X, y, Z, R, args.centers).items():
-            t_np, want = best_time(lambda: run("numpy"), args.repeats)
-            t_ko, got = best_time(lambda: run("keops"), args.repeats)
+            if args.only not in name:
+                continue
+            t_np, want = best_time(functools.partial(run, "numpy"), args.repeats)
+            t_ko, got = best_time(functools.partial(run, "keops"), args.repeats)
             diff = np.abs(got - want).max() / np.abs(want).max()
             rows.append([name, f"{t_np:.2f}", f"{t_ko:.2f}", f"{t_ko / t_np:.1f}x",
                          f"{diff:.1e}"])
