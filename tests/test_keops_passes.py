@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import scipy.linalg as sla
 
+import dkern
 from dkern.backends import block_backend, projections
 from dkern.backends import blocks as blocks_module
 from dkern.backends.projections import residual_diag
@@ -154,6 +155,20 @@ def test_leverage_scores_run_through_keops(keops_calls):
     want = select_centers(X, 16, method="leverage", kernel=KERNEL, alpha=1e-3,
                           random_state=1, backend="numpy")
     np.testing.assert_array_equal(chosen, want)
+
+
+@pytest.mark.keops
+def test_a_loaded_sparse_gp_predicts_with_its_backend(tmp_path, keops_calls):
+    """The backend is the estimator's parameter, not part of the file: a loaded
+    backend="keops" model predicts through KeOps."""
+    gp = GaussianProcessRegressor(KERNEL, alpha=0.05, solver="nystrom", n_centers=20,
+                                  optimizer=None, random_state=0, backend="keops").fit(X, Y)
+    dkern.save(gp, tmp_path / "gp.zarr")
+    back = dkern.load(tmp_path / "gp.zarr")
+    keops_calls.clear()
+    assert_close(back.predict(X_TEST, return_std=True)[1], gp.predict(X_TEST,
+                                                                       return_std=True)[1], 0)
+    assert len(keops_calls) == 2  # one prediction pass each
 
 
 @pytest.mark.keops
