@@ -13,11 +13,17 @@ method                             computes (x: n_i × d, z: m_j × d)   shape
 ``kernel_diag(x)``                 ``k(x_i, x_i)``                     (n_i,)
 ``weighted_log_sums(x, z, t)``     log-scaled ``Σ k``, ``Σ k t``       (n_i, 2 + T)
 ``nearest(x, z, limit, index)``    k nearest (distance², index)        2 × (n_i, k)
+``whitened_cross(x, z, W)``        ``A = k(x, z) L⁻ᵀ``                 (n_i, M)
+``whitened_residual_diag(…)``      ``k(x, x) − ‖A_i‖²``                (n_i,)
+``leverage``, ``sgpr_*``,          built on A, and ``∂k/∂θ @ v``       see
+``kernel_columns``,                                                    :mod:`.projections`
+``kernel_grad_matvec``
 ================================  ==================================  ================
 
 :class:`BlockBackend` is the Protocol every backend implements; :class:`NumpyBlocks`
 (cache-sized BLAS tiles) and :class:`KeopsBlocks` (KeOps ``Sum``,
-``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions) do. Data blocks are
+``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions) do; the projection methods come
+from :mod:`.projections`' mixins. Data blocks are
 positional and the kernel a keyword, as
 :func:`~dkern.operators.pairwise.pairwise_reduce` calls block functions.
 Reductions come back in float64 whatever the input precision (neighbour indices
@@ -30,6 +36,7 @@ still overflow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -46,6 +53,7 @@ from .keops_backend import (
 from .neighbors import nearest_block
 from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
+from .projections import Factor, KeopsProjections, ProjectionBlocks
 from .smoothing import weighted_log_sums_block
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "block_backend"]
@@ -91,8 +99,49 @@ class BlockBackend(Protocol):
         to the lower index (:func:`dkern.backends.neighbors.nearest_block`)."""
         ...
 
+    def kernel_columns(self, x: np.ndarray, z: np.ndarray, *, kernel: Kernel) -> np.ndarray:
+        """``k(x, z)`` as a dense float64 block for x (n, d), z (m, d); shape (n, m)."""
+        ...
 
-class NumpyBlocks:
+    def whitened_cross(self, x: np.ndarray, z: np.ndarray, W: np.ndarray, *, kernel: Kernel,
+                       factor: Factor = "cholesky") -> np.ndarray:
+        """``A = k(x, z) L⁻ᵀ`` (W = L, lower) or ``k(x, z) Wᵀ``; shape (n, M), float64."""
+        ...
+
+    def whitened_residual_diag(self, x: np.ndarray, z: np.ndarray, W: np.ndarray, *,
+                               kernel: Kernel, factor: Factor = "cholesky",
+                               tile: int | None = None) -> np.ndarray:
+        """``k(xᵢ, xᵢ) − ‖Aᵢ‖²`` for x (n, d); shape (n,), float64."""
+        ...
+
+    def leverage(self, x: np.ndarray, z: np.ndarray, *, kernel: Kernel, Linv: np.ndarray,
+                 alpha: float, tile: int | None = None) -> np.ndarray:
+        """Ridge leverage estimates of x's rows against the dictionary z; shape (n, 1)."""
+        ...
+
+    def sgpr_statistics(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, L: np.ndarray, *,
+                        kernel: Kernel, tile: int) -> np.ndarray:
+        """``[AᵀA (lower), Aᵀy]`` for x (n, d), y (n, t); shape (M, M + t), float64."""
+        ...
+
+    def sgpr_predict(self, x: np.ndarray, z: np.ndarray, factors: np.ndarray, *,
+                     kernel: Kernel, tile: int) -> np.ndarray:
+        """SGPR ``[mean, latent variance]`` at x (n, d); shape (n, t + 1), float64."""
+        ...
+
+    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, weights: np.ndarray,
+                      *, kernel: Kernel, gradient: Callable[..., np.ndarray], p: int,
+                      tile: int) -> np.ndarray:
+        """``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre m; shape (M, p), float64."""
+        ...
+
+    def kernel_grad_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
+                           kernel: Kernel, tile: int | None = None) -> np.ndarray:
+        """``∂k(x, z)/∂θ_p @ v`` for x (n, d), z (m, d), v (m, t); shape (n, t, p)."""
+        ...
+
+
+class NumpyBlocks(ProjectionBlocks):
     """Cache-sized tiles of kernel values, each folded into the result by one BLAS call."""
 
     name = "numpy"
@@ -129,9 +178,9 @@ class NumpyBlocks:
         return nearest_block(x, z, limit, index, k=k)
 
 
-class KeopsBlocks(NumpyBlocks):
-    """KeOps reductions for the products, smoothing sums and neighbours; dense blocks
-    and diagonals as numpy's.
+class KeopsBlocks(KeopsProjections, NumpyBlocks):
+    """KeOps reductions for the products, smoothing sums, neighbours and the whitened
+    projections; dense blocks and diagonals as numpy's.
 
     KeOps streams kernel values through registers and never stores a block, so
     what must be stored (a dense block, a diagonal) is the numpy backend's work.

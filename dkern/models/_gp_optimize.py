@@ -173,22 +173,23 @@ def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimi
 
 def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
                              n_centers: int | None, optimizer: Any, n_restarts: int,
-                             random_state: Any) -> SparsePosterior:
+                             random_state: Any, backend: str = "auto") -> SparsePosterior:
     """SGPR (Titsias 2009): M centres drawn from X's rows, the kernel maximising the bound
     F (if ``optimizer``; each evaluation two passes over X, the centres fixed), and the
-    posterior of its statistics (the optimizer's last pass, when it ended there)."""
+    posterior of its statistics (the optimizer's last pass, when it ended there); the passes'
+    blocks computed by ``backend``."""
     Xd, Yd = training_data(X, y)  # numpy X is sent to the cluster once
     Z = centers(Xd, n_centers, as_generator(random_state))
-    bound = SparseBound(Xd, Yd, Z, alpha)
+    bound = SparseBound(Xd, Yd, Z, alpha, backend=backend)
     if optimizer is not None and len(kernel.theta) > 0:
         theta, _ = optimize(kernel, bound, optimizer, n_restarts,
                             check_random_state(legacy_seed(random_state)))
         kernel = kernel.with_theta(theta)
-    return SparsePosterior(bound.statistics(kernel), alpha)
+    return SparsePosterior(bound.statistics(kernel), alpha, backend)
 
 
 def evidence_at(kernel: Kernel, solver: str, X: Any, y: Any, centers: Any,
-                alpha: float, eval_gradient: bool) -> tuple[float, np.ndarray]:
+                alpha: float, eval_gradient: bool, backend: str) -> tuple[float, np.ndarray]:
     """The fitted regressor's ``ln p(y | X, θ)`` at ``kernel``'s θ and its gradient: exact
     (n <= ``EXACT_MAX_N``), or for ``"nystrom"`` the SGPR bound on the fitted ``centers``
     (two passes over X). X and y are the training data (None in a loaded sparse model)."""
@@ -199,7 +200,7 @@ def evidence_at(kernel: Kernel, solver: str, X: Any, y: Any, centers: Any,
                              "another theta needs; refit it on the data to evaluate "
                              "log_marginal_likelihood(theta).")
         Xd, Yd = training_data(X, y)
-        return SparseBound(Xd, Yd, centers, alpha)(kernel, eval_gradient)
+        return SparseBound(Xd, Yd, centers, alpha, backend=backend)(kernel, eval_gradient)
     n = X.shape[0]
     if n > EXACT_MAX_N:
         raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "

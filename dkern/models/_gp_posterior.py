@@ -67,10 +67,12 @@ def rebuilt(solver: str, kernel: Kernel, state: dict[str, Any], scalars: Any, *,
     """The solver's posterior from a model file's ``state`` (by file names); the CG
     preconditioner is rebuilt on first use from the same pivots (``pivot_seed``)."""
     if solver == "nystrom":
-        return SparsePosterior.from_state({
+        posterior = SparsePosterior.from_state({
             "kernel": kernel, "centers": state["centers"], "alpha": alpha,
             **{name: state[name] for name in SPARSE_ARRAYS},
             **{name[len("sgpr_"):]: state[name] for name in scalars}})
+        posterior.backend = backend  # how to compute, not part of the file's state
+        return posterior
     if solver == "exact":
         return ExactPosterior(kernel, np.asarray(state["X_train"]), np.asarray(state["alpha"]),
                               state["L"], backend=backend)

@@ -312,7 +312,8 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         """SGPR on ``n_centers`` centres, the kernel learned on its bound (if ``optimizer``)."""
         posterior = learned_sparse_posterior(
             kernel, X, y, alpha, n_centers=self.n_centers, optimizer=self.optimizer,
-            n_restarts=self.n_restarts_optimizer, random_state=self.random_state)
+            n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
+            backend=self.backend)
         self.kernel_, self.centers_ = posterior.stats.kernel, posterior.centers
         self.log_marginal_likelihood_value_ = posterior.log_marginal_likelihood()
         w = posterior.weights
@@ -373,7 +374,8 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         value, grad = evidence_at(self.kernel_.with_theta(theta), self.solver_,
                                   getattr(self, "X_train_", None), getattr(self, "y_train_", None),
                                   getattr(self, "centers_", None),
-                                  self._checked_alpha(self.solver_), eval_gradient)
+                                  self._checked_alpha(self.solver_), eval_gradient,
+                                  self.backend)
         return (value, grad) if eval_gradient else value
 
     # ------------------------------------------------------------ model file

@@ -16,6 +16,8 @@ from uniform candidates ∝ the scores the previous dictionary gives them, and
 with ``A = diag(m p_j / c_j)`` for m draws with probability p_j and multiplicity c_j.
 The final scores of all n rows are a dask graph over X's row chunks, and the
 centres are sampled from them chunk-then-row, so no n-vector reaches the client.
+Each score is the whitened residual diagonal ``k_ii − ‖L⁻¹ K_Ji‖²`` of the backend's
+``leverage`` block (:mod:`dkern.backends.projections`).
 The levels before it score at most ``POOL_MAX`` candidates against at most
 ``DICT_MAX`` dictionary rows (4,000 × 2,000 kernel entries, whatever n is): that
 work is of the size of the M × M factors and runs where they live, on the client.
@@ -40,7 +42,6 @@ import numpy as np
 import scipy.linalg as sla
 
 from ..backends import BlockBackend, block_backend, resolve_backend
-from ..backends.numpy_backend import TILE_BYTES
 from ..kernels import Kernel
 from ..operators import data_rows, gram, pairwise_reduce
 from ._checks import integer, positive_number
@@ -54,23 +55,6 @@ MAX_DEFAULT_CENTERS = 10_000
 SHRINK, OVERSAMPLE = 4.0, 4.0
 #: Largest dictionary and candidate pool (client-side, small).
 DICT_MAX, POOL_MAX = 2_000, 4_000
-
-
-def leverage_block(x: np.ndarray, z: np.ndarray, *, kernel: Kernel, blocks: BlockBackend,
-                   Linv: np.ndarray, alpha: float) -> np.ndarray:
-    """One task: ``(k_ii − ||L⁻¹ K(Z, x_i)||²) / α`` for the rows of x; shape (n_i, 1).
-
-    ``z`` is the dictionary (|J| × d); kernel values come from the backend's blocks,
-    a tile of rows at a time, so memory is bounded whatever the chunk size.
-    """
-    rows = max(1, TILE_BYTES // (8 * len(z)))
-    out = np.empty((len(x), 1))
-    for i0 in range(0, len(x), rows):
-        xt = x[i0:i0 + rows].astype(np.float64, copy=False)
-        proj = blocks.kernel_block(xt, z, kernel=kernel) @ Linv.T  # shape: (rows, |J|)
-        diag = blocks.kernel_diag(xt, kernel=kernel)
-        out[i0:i0 + rows, 0] = diag - np.einsum("ij,ij->i", proj, proj)
-    return np.maximum(out / alpha, 1e-12)  # rounding can make a tiny score negative
 
 
 def select_centers(X: Any, n_centers: int | None = None, *, method: str = "uniform",
@@ -93,7 +77,9 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
         The ridge penalty of the problem (> 0); required for ``method="leverage"``.
     random_state : int or numpy.random.Generator, optional
     backend : {"auto", "numpy", "keops"}, default="auto"
-        Checked for availability; leverage blocks are evaluated with numpy.
+        How the leverage scores' whitened blocks ``k(x, J) L⁻ᵀ`` are computed
+        (:meth:`~dkern.backends.projections.ProjectionBlocks.leverage`), on the
+        dictionary levels and in the pass over X.
 
     Returns
     -------
@@ -106,7 +92,7 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
         hint=f" Centres are distinct rows of X: use n_centers <= n = {n}.")
     if method not in ("uniform", "leverage"):
         raise ValueError(f"method must be 'uniform' or 'leverage'; got {method!r}.")
-    resolve_backend(backend)
+    blocks = block_backend(resolve_backend(backend))
     rng = np.random.default_rng(random_state)
     if method == "uniform":
         return gather_rows(Xd, np.sort(rng.choice(n, size=M, replace=False)))
@@ -116,11 +102,11 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
         raise ValueError("method='leverage' needs alpha > 0, the ridge penalty of the problem "
                          "the centres are for; got None.")
     alpha = positive_number(alpha, "alpha", " (the ridge penalty of the problem)")
-    Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng)
-    op = gram(kernel, Xd, Z, backend="numpy", dtype=np.float64)
+    Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng, blocks)
+    op = gram(kernel, Xd, Z, backend=blocks.name, dtype=np.float64)
     (scores,) = dask.persist(pairwise_reduce(
-        leverage_block, op.X, op.Z, over="cols", width=1, name="dkern-leverage",
-        kernel=kernel, blocks=op.blocks, Linv=Linv, alpha=alpha)[:, 0])
+        blocks.leverage, op.X, op.Z, over="cols", width=1, name="dkern-leverage",
+        kernel=kernel, Linv=Linv, alpha=alpha)[:, 0])
     return gather_rows(Xd, np.sort(sample_distinct(scores, M, rng)))
 
 
@@ -132,9 +118,10 @@ def _dictionary_factor(kernel: Kernel, Z: np.ndarray, weights: np.ndarray,
     return sla.solve_triangular(L, np.eye(len(Z)), lower=True)
 
 
-def _bless_dictionary(kernel: Kernel, Xd: da.Array, alpha: float,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The last BLESS dictionary's rows and ``L⁻¹``, at regularisation ``alpha``."""
+def _bless_dictionary(kernel: Kernel, Xd: da.Array, alpha: float, rng: np.random.Generator,
+                      blocks: BlockBackend) -> tuple[np.ndarray, np.ndarray]:
+    """The last BLESS dictionary's rows and ``L⁻¹``, at regularisation ``alpha``; each
+    level's candidate scores by ``blocks.leverage`` on the client."""
     n = Xd.shape[0]
     pool = min(n, POOL_MAX)
     Z = gather_rows(Xd, rng.choice(n, size=1))
@@ -147,9 +134,9 @@ def _bless_dictionary(kernel: Kernel, Xd: da.Array, alpha: float,
     gathered = gather_rows(Xd, rows)
     for h, level in enumerate(levels):
         cand = gathered[where[h * pool:(h + 1) * pool]]
-        scores = leverage_block(cand, Z, kernel=kernel, blocks=block_backend("numpy"),
-                                Linv=_dictionary_factor(kernel, Z, weights, level),
-                                alpha=level)[:, 0]
+        scores = blocks.leverage(cand, Z, kernel=kernel,
+                                 Linv=_dictionary_factor(kernel, Z, weights, level),
+                                 alpha=level)[:, 0]
         d_eff = n * scores.mean()  # line 5: Σ_i ℓ(i) estimated from uniform candidates
         m = int(min(DICT_MAX, pool, max(1, math.ceil(OVERSAMPLE * d_eff))))
         picks = rng.choice(pool, size=m, p=scores / scores.sum())  # line 6: resample ∝ ℓ̃

@@ -39,6 +39,7 @@ import dask.array as da
 import numpy as np
 import scipy.linalg as sla
 
+from ..backends.projections import residual_diag
 from ..errors import NotPositiveDefiniteError
 from ..operators import GramOperator
 from ._checks import integer, square_operator
@@ -222,9 +223,8 @@ def gram_diag(cross: GramOperator) -> da.Array:
 
 def _variance_block(W: np.ndarray, prior: np.ndarray, *, L: np.ndarray) -> np.ndarray:
     """One test chunk: ``clip(prior − ‖L⁻¹ wᵢ‖², 0, prior)``; shape (n_i,)."""
-    V = sla.solve_triangular(L, W.T, lower=True)  # shape: (r + k, n_i)
     p = prior[:, 0]
-    return np.clip(p - np.einsum("ij,ij->j", V, V), 0.0, p)
+    return np.clip(residual_diag(p, W, L), 0.0, p)
 
 
 def _orthogonalise(Q: da.Array, w: da.Array) -> tuple[da.Array, np.ndarray]:

@@ -14,9 +14,10 @@ import dask.array as da
 import numpy as np
 import scipy.linalg as sla
 
+from ..backends import resolve_backend
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
-from ..operators import data_rows, gram
+from ..operators import data_rows, gram, pairwise_map
 from ..operators.memory import check_row_chunks
 from ._checks import integer, positive_number
 from .sampling import chunk_sums, gather_rows, sample_rows
@@ -88,6 +89,9 @@ class NystromPreconditioner:
         Pivots drawn per RPCholesky step (one dask pass over X and a few cluster round
         trips per step). Default: ``rank / RPCHOLESKY_STEPS``, at least 16, so that a
         large rank costs ``RPCHOLESKY_STEPS`` steps rather than ``rank / 16``.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the factor's kernel columns ``K(X, X_S)`` and (RPCholesky) the diagonal are
+        computed (:func:`kernel_columns`).
 
     Raises
     ------
@@ -99,8 +103,9 @@ class NystromPreconditioner:
 
     def __init__(self, kernel: Kernel, X: Any, alpha: float, rank: int, *,
                  pivots: str = "uniform", random_state: Any = None,
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, backend: str = "auto") -> None:
         Xd = data_rows(X)
+        backend = resolve_backend(backend)
         n = Xd.shape[0]
         alpha = positive_number(alpha, "alpha", " (the diagonal shift)")
         rank = integer(rank, "rank", high=n, hint=" The rank is at most n, the number of rows.")
@@ -113,15 +118,16 @@ class NystromPreconditioner:
         check_row_chunks(Xd, "X", per_row=FACTOR_VALUES_PER_PIVOT * rank)
         rng = np.random.default_rng(random_state)
         if pivots == "uniform":
-            G, W = _uniform_factor(kernel, Xd, rank, rng)
+            G, W = _uniform_factor(kernel, Xd, rank, rng, backend)
         else:
-            G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size)
+            G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size, backend)
         self.alpha = float(alpha)
         self.factor, self.core, self.rank = _woodbury(G, W, self.alpha)
         # sent to the cluster once: every apply's graph then names it instead of carrying
         # its r² floats (a large graph per CG iteration at ranks in the thousands)
         (self._core_blocks,) = dask.persist(da.from_array(self.core, chunks=self.core.shape))
-        logger.info("Nyström preconditioner: %s pivots, rank %d", pivots, self.rank)
+        logger.info("Nyström preconditioner: %s pivots, rank %d, %s blocks", pivots, self.rank,
+                    backend)
 
     def apply(self, R: da.Array) -> da.Array:
         """``P⁻¹ R = R + F (C (Fᵀ R))``; shape (n, t)."""
@@ -130,9 +136,27 @@ class NystromPreconditioner:
         return R + da.dot(G, self._core_blocks @ small).astype(R.dtype)
 
 
-def _kernel_columns(kernel: Kernel, Xd: da.Array, Z: np.ndarray) -> da.Array:
-    """``K(X, Z)`` in float64 as a lazy (n, b) dask array over X's row chunks."""
-    return gram(kernel, Xd, Z, backend="numpy", dtype=np.float64).kernel_blocks()
+def kernel_columns(kernel: Kernel, X: Any, Z: Any, *, backend: str) -> da.Array:
+    """``K(X, Z)`` in float64 as a lazy (n, b) dask array over X's row chunks.
+
+    For a few columns b (preconditioner pivots, a batch of test points): each task
+    computes its (n_i, b) block with the backend's ``kernel_columns`` (numpy: a dense
+    kernel block; KeOps: Sum reductions against columns of the identity).
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X : array-like of shape (n, d)
+    Z : array-like of shape (b, d)
+    backend : {"auto", "numpy", "keops"}
+
+    Returns
+    -------
+    dask.array.Array of shape (n, b), float64
+    """
+    op = gram(kernel, X, Z, backend=backend, dtype=np.float64)
+    return pairwise_map(op.blocks.kernel_columns, op.X, op.Z, dtype=np.float64,
+                        name="dkern-kernel-blocks", labels=op.labels, kernel=op.kernel)
 
 
 def _psd_inverse_sqrt(H: np.ndarray) -> np.ndarray:
@@ -142,29 +166,29 @@ def _psd_inverse_sqrt(H: np.ndarray) -> np.ndarray:
     return Q[:, keep] / np.sqrt(theta[keep])
 
 
-def _uniform_factor(kernel: Kernel, Xd: da.Array, rank: int,
-                    rng: np.random.Generator) -> tuple[da.Array, np.ndarray]:
+def _uniform_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.Generator,
+                    backend: str) -> tuple[da.Array, np.ndarray]:
     """``G = K(X, X_S)`` (persisted) and W with ``F = G W``, ``F Fᵀ = K_nS K_SS⁺ K_Sn``."""
     S = np.sort(rng.choice(Xd.shape[0], size=rank, replace=False))
     Z = gather_rows(Xd, S)
-    (G,) = dask.persist(_kernel_columns(kernel, Xd, Z))
+    (G,) = dask.persist(kernel_columns(kernel, Xd, Z, backend=backend))
     return G, _psd_inverse_sqrt(np.asarray(kernel(Z, Z), dtype=np.float64))
 
 
 def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.Generator,
-                       block_size: int) -> tuple[da.Array, np.ndarray]:
+                       block_size: int, backend: str) -> tuple[da.Array, np.ndarray]:
     """Block randomly pivoted Cholesky: F (persisted, (n, k)) with ``K ≈ F Fᵀ``; and W = I.
 
     Chen, Epperly, Tropp & Webber (2023), Alg. 3 (block RPCholesky): sample pivots
     ∝ the residual diagonal d, form ``G = K(:, S) − F F[S]ᵀ``, factor ``G[S]``, append.
     """
-    (d,) = dask.persist(gram(kernel, Xd, backend="numpy", dtype=np.float64).diag())
+    (d,) = dask.persist(gram(kernel, Xd, backend=backend, dtype=np.float64).diag())
     initial = chunk_sums(d).sum()
     F = da.zeros((Xd.shape[0], 0), chunks=(Xd.chunks[0], 0))
     while F.shape[1] < rank:
         S = np.unique(sample_rows(d, min(block_size, rank - F.shape[1]), rng))  # Alg. 3 line 3
         Z, FS = dask.compute(Xd[S], F[S])  # S is sorted: only the chunks holding it are read
-        G = _kernel_columns(kernel, Xd, Z)  # line 4: G = K(:, S) - F F[S]ᵀ
+        G = kernel_columns(kernel, Xd, Z, backend=backend)  # line 4: G = K(:, S) - F F[S]ᵀ
         if F.shape[1]:
             G = G - da.dot(F, da.from_array(FS.T))
         (G,) = dask.persist(G)

@@ -15,7 +15,10 @@ and whitened by ``L = chol(K_uu)`` per tile as GPflow's ``SGPR`` does (forming
 .. math:: P = L^{-1} K_{un} K_{nu} L^{-\\top}, \\quad b = L^{-1} K_{un} y, \\quad
           y^\\top y, \\quad \\textstyle\\sum_i k(x_i, x_i).
 
-Only M-sized results reach the client, and none depends on s. Then, with
+Only M-sized results reach the client, and none depends on s. The per-chunk work of
+every pass (statistics, gradient, prediction) is a method of the block backend
+(:mod:`dkern.backends.projections`): numpy forms ``L⁻¹ K_un`` by tiles and a triangular
+solve, KeOps by one Sum reduction against ``L⁻ᵀ``. Then, with
 ``B = I + P/s = L_B L_Bᵀ`` and ``c = L_B⁻¹ b / s``:
 
 .. math:: F = -\\tfrac{n}{2}\\log 2\\pi s - \\textstyle\\sum \\log \\mathrm{diag}\\, L_B
@@ -45,9 +48,9 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg as sla
-import scipy.linalg.blas as blas
 
-from ..backends.numpy_backend import TILE_BYTES, single_threaded_blas
+from ..backends import block_backend, resolve_backend
+from ..backends.numpy_backend import TILE_BYTES
 from ..errors import NotPositiveDefiniteError
 from ..io import as_rows
 from ..kernels import Kernel, check_n_features
@@ -97,7 +100,7 @@ class SGPRStatistics:
 
 
 def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
-                    jitter: float = 1e-6) -> SGPRStatistics:
+                    jitter: float = 1e-6, backend: str = "auto") -> SGPRStatistics:
     """One pass over X's row chunks: the sums the SGPR bound and predictive need.
 
     Parameters
@@ -112,47 +115,29 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
     jitter : float, default=1e-6
         Added to K_uu's diagonal, relative to the mean of ``k(z, z)``, so its
         Cholesky factor exists when centres nearly coincide.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the whitened blocks ``k(x, Z) L⁻ᵀ`` are computed
+        (:meth:`~dkern.backends.projections.ProjectionBlocks.sgpr_statistics`).
 
     Returns
     -------
     SGPRStatistics
     """
     Xd, Yd, Z = _inputs(kernel, X, y, centers)
+    concrete = resolve_backend(backend)
     jitter = positive_number(jitter, "jitter", ", e.g. 1e-6 (relative to k(z, z))")
     L = _kuu_factor(kernel, Z, jitter)
     M, t = len(Z), Yd.shape[1]
     Zd = da.from_array(Z, chunks=Z.shape)
     Ld = da.from_array(L, chunks=L.shape)
-    sums = pairwise_reduce(statistics_block, Xd, Zd, [(Yd, "rows"), (Ld, "cols")], over="rows",
-                           width=M + t, name="dkern-sgpr-statistics", kernel=kernel)
-    trace = GramOperator(kernel, Xd, None, "numpy").diag().sum(dtype=np.float64)
+    sums = pairwise_reduce(block_backend(concrete).sgpr_statistics, Xd, Zd,
+                           [(Yd, "rows"), (Ld, "cols")], over="rows", width=M + t,
+                           name="dkern-sgpr-statistics", kernel=kernel, tile=_whitening_rows(M))
+    trace = GramOperator(kernel, Xd, None, concrete).diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
     logger.info("SGPR statistics: %d rows, %d centres, %d target column(s)", Xd.shape[0], M, t)
     return SGPRStatistics(kernel, Z, L, _mirrored(sums[:, :M]), sums[:, M:], np.asarray(yty),
                           float(trace), int(Xd.shape[0]), jitter)
-
-
-def statistics_block(x: np.ndarray, z: np.ndarray, y: np.ndarray, L: np.ndarray, *,
-                     kernel: Kernel) -> np.ndarray:
-    """One row chunk: ``[A Aᵀ, A y]`` with ``A = L⁻¹ k(z, x)``, tile by tile; shape (M, M + t).
-
-    Only the lower triangle of ``A Aᵀ`` is summed (BLAS syrk, accumulating in place:
-    half the flops of a product, no M × M temporary per tile); :func:`sgpr_statistics`
-    mirrors it once the chunks are summed.
-    """
-    M = len(z)
-    gram = np.zeros((M, M), order="F")
-    Ay = np.zeros((M, y.shape[1]))
-    rows = _whitening_rows(M)
-    Lf = np.asfortranarray(L)
-    with single_threaded_blas():
-        for i0 in range(0, len(x), rows):
-            kzx = np.asarray(kernel(x[i0:i0 + rows], z), dtype=np.float64).T
-            A = sla.solve_triangular(Lf, kzx, lower=True, check_finite=False,
-                                     overwrite_b=True)  # shape: (M, tile)
-            gram = blas.dsyrk(1.0, A, beta=1.0, c=gram, lower=1, overwrite_c=1)
-            Ay += A @ y[i0:i0 + rows]
-    return np.hstack([gram, Ay])
 
 
 def _whitening_rows(M: int) -> int:
@@ -189,8 +174,8 @@ def sgpr_bound(stats: SGPRStatistics, sigma2: float) -> float:
                  - 0.5 * t * (stats.trace - np.trace(stats.P)) / s)
 
 
-def sgpr_predict(stats: SGPRStatistics, sigma2: float,
-                 X_test: Any) -> tuple[da.Array, da.Array]:
+def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
+                 backend: str = "auto") -> tuple[da.Array, da.Array]:
     """The SGPR (Titsias) predictive mean and latent variance, lazily per test chunk.
 
     Parameters
@@ -200,6 +185,8 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float,
         Noise variance s > 0.
     X_test : array-like of shape (n*, d)
         numpy, dask, Zarr or ``(url, path)``.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the whitened blocks ``k(x*, Z) L⁻ᵀ`` are computed.
 
     Returns
     -------
@@ -216,31 +203,13 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float,
         raise ValueError(f"X_test must have {Z.shape[1]} features like the training data; got "
                          f"shape {Xt.shape}.")
     factors = da.from_array(np.hstack([stats.L, LB, c]), chunks=(len(Z), -1))
-    out = pairwise_reduce(predict_block, Xt.astype(np.float64), da.from_array(Z, chunks=Z.shape),
-                          [(factors, "cols")], over="cols", width=c.shape[1] + 1,
-                          name="dkern-sgpr-predict", kernel=stats.kernel)
+    blocks = block_backend(resolve_backend(backend))
+    out = pairwise_reduce(blocks.sgpr_predict, Xt.astype(np.float64),
+                          da.from_array(Z, chunks=Z.shape), [(factors, "cols")], over="cols",
+                          width=c.shape[1] + 1, name="dkern-sgpr-predict", kernel=stats.kernel,
+                          tile=_whitening_rows(len(Z)))
     t = c.shape[1]
     return out[:, 0] if t == 1 else out[:, :t], out[:, t]
-
-
-def predict_block(x: np.ndarray, z: np.ndarray, factors: np.ndarray, *,
-                  kernel: Kernel) -> np.ndarray:
-    """One test chunk: ``[mean, variance]`` from ``factors = [L, L_B, c]``; shape (n_i, t + 1)."""
-    M = len(z)
-    L, LB, c = factors[:, :M], factors[:, M:2 * M], factors[:, 2 * M:]
-    out = np.empty((len(x), c.shape[1] + 1))
-    rows = _whitening_rows(M)
-    with single_threaded_blas():
-        for i0 in range(0, len(x), rows):
-            xt = x[i0:i0 + rows]
-            kzx = np.asarray(kernel(xt, z), dtype=np.float64).T
-            a = sla.solve_triangular(L, kzx, lower=True, check_finite=False)  # shape: (M, tile)
-            aB = sla.solve_triangular(LB, a, lower=True, check_finite=False)
-            prior = kernel.diag(xt)
-            nystrom_gap = np.maximum(prior - np.einsum("ij,ij->j", a, a), 0.0)
-            out[i0:i0 + rows, :-1] = aB.T @ c
-            out[i0:i0 + rows, -1] = np.minimum(nystrom_gap + np.einsum("ij,ij->j", aB, aB), prior)
-    return out
 
 
 def _noise_factor(stats: SGPRStatistics, s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -281,8 +250,8 @@ def _inputs(kernel: Kernel, X: Any, y: Any, centers: Any) -> tuple[da.Array, da.
     return Xd, Yd, Z
 
 
-def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any,
-                        sigma2: float) -> tuple[float, np.ndarray]:
+def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
+                        backend: str = "auto") -> tuple[float, np.ndarray]:
     """The bound and its gradient in ``(θ, log σ²)``: one more pass over the data.
 
     ``∂F/∂θ = Σ_chunks Σ (∂F/∂K_nu) ∘ ∂K_nu/∂θ + (∂F/∂K_uu) : ∂K_uu/∂θ
@@ -305,6 +274,8 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any,
         as a persisted dask array: numpy input is sent to the cluster on every call.
     sigma2 : float
         Noise variance s > 0.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        Whose ``sgpr_gradient`` blocks run (KeOps has no ∂k/∂θ form: numpy's, logged).
 
     Returns
     -------
@@ -319,7 +290,8 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any,
     d = _derivatives(stats, s)
     p = np.shape(diag_gradient(Z[:1]))[1]
     weights = da.from_array(np.hstack([d["knu"], d["ky"]]), chunks=(len(Z), -1))
-    per_centre = pairwise_reduce(gradient_block, Xd, da.from_array(Z, chunks=Z.shape),
+    blocks = block_backend(resolve_backend(backend))
+    per_centre = pairwise_reduce(blocks.sgpr_gradient, Xd, da.from_array(Z, chunks=Z.shape),
                                  [(Yd, "rows"), (weights, "cols")], over="rows", width=p,
                                  name="dkern-sgpr-gradient", kernel=stats.kernel,
                                  gradient=gradient, p=p, tile=_tile_rows(len(Z), p))
@@ -329,21 +301,6 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any,
     grad = per_centre.sum(axis=0) - d["t"] / (2 * s) * diag + _kuu_term(stats, d["kuu"],
                                                                          gradient, diag_gradient)
     return sgpr_bound(stats, s), np.append(grad, d["log_s"])
-
-
-def gradient_block(x: np.ndarray, z: np.ndarray, y: np.ndarray, weights: np.ndarray, *,
-                   kernel: Kernel, gradient: Callable[..., np.ndarray], p: int,
-                   tile: int) -> np.ndarray:
-    """One row chunk: ``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre m, ``tile`` rows at a time,
-    with ``G = k(x, z) W₁ + y W₂ᵀ`` for ``weights = [W₁, W₂]``; shape (M, p)."""
-    M = len(z)
-    out = np.zeros((M, p))
-    with single_threaded_blas():
-        for i0 in range(0, len(x), tile):
-            x_t, y_t = x[i0:i0 + tile], y[i0:i0 + tile]
-            G = kernel(x_t, z) @ weights[:, :M] + y_t @ weights[:, M:].T  # shape: (tile, M)
-            out += np.einsum("nm,nmp->mp", G, gradient(x_t, z))
-    return out
 
 
 def _tile_rows(M: int, p: int) -> int:

@@ -23,6 +23,7 @@ from ...kernels import Kernel
 from ...operators import gram
 from ...solvers import CHECKPOINT_EVERY, NystromPreconditioner, cg
 from ...solvers.cg import CGResult
+from ...solvers.preconditioners import kernel_columns
 from .._validation import as_generator, check_alpha
 from .expansion import KernelExpansion, clip_variance
 
@@ -87,7 +88,8 @@ class CGPosterior(KernelExpansion):
         if self._preconditioner is None:
             self._preconditioner = NystromPreconditioner(
                 self.kernel, self.X, self.alpha, min(self.X.shape[0], self.rank),
-                pivots="rpcholesky", random_state=as_generator(self.pivot_seed))
+                pivots="rpcholesky", random_state=as_generator(self.pivot_seed),
+                backend=self.backend)
         return self._preconditioner
 
     def variance(self, Xt: Any) -> Any:
@@ -100,8 +102,7 @@ class CGPosterior(KernelExpansion):
         var = np.empty(m)
         for j0 in range(0, m, cols):
             Xb = Xm[j0:j0 + cols]
-            B = gram(self.kernel, self.X, Xb, backend=self.backend,
-                     dtype=np.float64).kernel_blocks()  # shape: (n, b)
+            B = kernel_columns(self.kernel, self.X, Xb, backend=self.backend)  # shape: (n, b)
             V = cg(A, B, preconditioner=P, tol=self.tol).x.rechunk(B.chunks)
             (quad,) = dask.compute((B * V).sum(axis=0))
             var[j0:j0 + cols] = self.kernel.diag(Xb) - quad
@@ -111,7 +112,7 @@ class CGPosterior(KernelExpansion):
     def covariance(self, Xt: np.ndarray) -> np.ndarray:
         """Latent covariance at Xt (m, d); shape (m, m), symmetrised (CG's two sides agree
         to ``tol`` only)."""
-        B = gram(self.kernel, self.X, Xt, backend=self.backend, dtype=np.float64).kernel_blocks()
+        B = kernel_columns(self.kernel, self.X, Xt, backend=self.backend)  # shape: (n, m)
         V = cg(self.operator(), B, preconditioner=self.preconditioner(), tol=self.tol).x
         quad = (gram(self.kernel, Xt, self.X, backend=self.backend, dtype=np.float64)
                 @ V).compute()

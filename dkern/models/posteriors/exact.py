@@ -22,6 +22,7 @@ import dask.array as da
 import numpy as np
 import scipy.linalg as sla
 
+from ...backends.projections import residual_diag
 from ...errors import NotPositiveDefiniteError
 from ...kernels import Kernel
 from ...solvers.exact import cholesky_factor
@@ -146,9 +147,8 @@ def _variance(kernel: Kernel, X: np.ndarray, L: np.ndarray, Xt: np.ndarray) -> n
     out = np.empty(len(Xt))
     for j0 in range(0, len(Xt), cols):
         Xb = Xt[j0:j0 + cols]
-        V = sla.solve_triangular(L, np.asarray(kernel(X, Xb), dtype=np.float64), lower=True,
-                                 overwrite_b=True, check_finite=False)  # shape: (n, b)
-        out[j0:j0 + cols] = kernel.diag(Xb) - np.einsum("ij,ij->j", V, V)
+        cross = np.asarray(kernel(X, Xb), dtype=np.float64).T  # shape: (b, n)
+        out[j0:j0 + cols] = residual_diag(kernel.diag(Xb), cross, L)
     return clip_variance(out)
 
 

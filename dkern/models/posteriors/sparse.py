@@ -55,10 +55,13 @@ class SparsePosterior:
         The sums of one pass over X (:func:`dkern.solvers.sgpr.sgpr_statistics`).
     alpha : float
         The noise variance s > 0.
+    backend : {"auto", "numpy", "keops"}, default="auto"
+        How the prediction passes' whitened blocks ``k(x*, Z) L⁻ᵀ`` are computed; not part
+        of :meth:`state` (the estimator that holds the posterior sets it).
     """
 
-    def __init__(self, stats: SGPRStatistics, alpha: float) -> None:
-        self.stats, self.alpha = stats, alpha
+    def __init__(self, stats: SGPRStatistics, alpha: float, backend: str = "auto") -> None:
+        self.stats, self.alpha, self.backend = stats, alpha, backend
         LB, c = _noise_factor(stats, alpha)
         inner = sla.solve_triangular(LB, c, lower=True, trans="T")
         #: ``w = L⁻ᵀ L_B⁻ᵀ c`` with ``mean(x*) = k(x*, Z) w``; shape (M, t)
@@ -66,11 +69,12 @@ class SparsePosterior:
 
     @classmethod
     def fit(cls, kernel: Kernel, X: Any, y: Any, centers: np.ndarray,
-            alpha: float) -> SparsePosterior:
+            alpha: float, backend: str = "auto") -> SparsePosterior:
         """The posterior of ``kernel`` on ``centers`` (M, d) from one pass over X (n, d) and
         y (n,) or (n, t) (the smallest jitter of ``SGPR_JITTERS`` with which K_uu factors)."""
         Xd, Yd = training_data(X, y)
-        return cls(SparseBound(Xd, Yd, centers, alpha).statistics(kernel), alpha)
+        bound = SparseBound(Xd, Yd, centers, alpha, backend=backend)
+        return cls(bound.statistics(kernel), alpha, backend)
 
     @property
     def centers(self) -> np.ndarray:
@@ -82,14 +86,14 @@ class SparsePosterior:
 
     def mean(self, Xt: Any) -> da.Array:
         """The latent mean, lazy; (m,) for one target column, (m, t) otherwise."""
-        return sgpr_predict(self.stats, self.alpha, Xt)[0]
+        return sgpr_predict(self.stats, self.alpha, Xt, backend=self.backend)[0]
 
     def mean_and_variance(self, Xt: Any) -> tuple[da.Array, da.Array]:
         """Mean and latent variance (in ``[0, k(x*, x*)]``) from one pass over Xt, lazy."""
-        return sgpr_predict(self.stats, self.alpha, Xt)
+        return sgpr_predict(self.stats, self.alpha, Xt, backend=self.backend)
 
     def variance(self, Xt: Any) -> da.Array:
-        return sgpr_predict(self.stats, self.alpha, Xt)[1]
+        return sgpr_predict(self.stats, self.alpha, Xt, backend=self.backend)[1]
 
     def covariance(self, Xt: np.ndarray) -> np.ndarray:
         """Latent SGPR posterior covariance at Xt (m, d); shape (m, m), symmetric PSD."""
@@ -144,12 +148,14 @@ def centers(X: da.Array, n_centers: int | None, rng: np.random.Generator) -> np.
 class SparseBound:
     """``(kernel, eval_gradient) -> (F, ∂F/∂θ)``: the SGPR bound of a kernel on fixed centres.
 
-    Each call costs one pass over X (two with the gradient). The statistics of the
-    latest call are kept, so the fit does not read X again for the θ it ends at.
+    Each call costs one pass over X (two with the gradient), its blocks computed by
+    ``backend``. The statistics of the latest call are kept, so the fit does not read X
+    again for the θ it ends at.
     """
 
-    def __init__(self, X: da.Array, y: da.Array, Z: np.ndarray, alpha: float) -> None:
-        self.X, self.y, self.Z, self.alpha = X, y, Z, alpha
+    def __init__(self, X: da.Array, y: da.Array, Z: np.ndarray, alpha: float, *,
+                 backend: str = "auto") -> None:
+        self.X, self.y, self.Z, self.alpha, self.backend = X, y, Z, alpha, backend
         self._last: SGPRStatistics | None = None
 
     def statistics(self, kernel: Kernel) -> SGPRStatistics:
@@ -158,11 +164,13 @@ class SparseBound:
             return self._last
         for jitter in SGPR_JITTERS[:-1]:
             try:  # K_uu is factored before X is read: a failed jitter costs no pass
-                self._last = sgpr_statistics(kernel, self.X, self.y, self.Z, jitter=jitter)
+                self._last = sgpr_statistics(kernel, self.X, self.y, self.Z, jitter=jitter,
+                                             backend=self.backend)
                 return self._last
             except NotPositiveDefiniteError:
                 logger.debug("SGPR: K_uu does not factor with jitter %g; trying more", jitter)
-        self._last = sgpr_statistics(kernel, self.X, self.y, self.Z, jitter=SGPR_JITTERS[-1])
+        self._last = sgpr_statistics(kernel, self.X, self.y, self.Z, jitter=SGPR_JITTERS[-1],
+                                     backend=self.backend)
         return self._last
 
     def __call__(self, kernel: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
@@ -173,7 +181,8 @@ class SparseBound:
             stats = self.statistics(kernel)
             if not eval_gradient:
                 return sgpr_bound(stats, self.alpha), np.zeros(p)
-            value, grad = sgpr_bound_gradient(stats, self.X, self.y, self.alpha)
+            value, grad = sgpr_bound_gradient(stats, self.X, self.y, self.alpha,
+                                              backend=self.backend)
         except (NotPositiveDefiniteError, np.linalg.LinAlgError):
             return -np.inf, np.zeros(p)
         return value, grad[:p]  # the last entry, ∂F/∂log σ², is for a learnable noise
