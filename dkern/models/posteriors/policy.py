@@ -40,8 +40,8 @@ def check_solver_fits(solver: str, n: int, n_centers: int | None, *, exact_max_n
     """Raise if ``solver`` cannot take n rows: a dense solve above ``exact_max_n``, or more
     centres than rows. ``instead`` names the solvers the message suggests."""
     if solver == "exact" and n > exact_max_n:
-        raise ValueError(f"solver='exact' holds dense n x n matrices (K + alpha I, its "
-                         f"factor) and allows n <= {exact_max_n}; got n={n}. Use {instead}.")
+        raise ValueError(f"solver='exact' holds the dense n x n matrices of the system and its "
+                         f"factor and allows n <= {exact_max_n}; got n={n}. Use {instead}.")
     if solver == "nystrom" and n_centers is not None and n_centers > n:
         raise ValueError(f"n_centers={n_centers} is more centres than the {n} training "
                          f"rows (centres are distinct rows of X); use n_centers <= {n}.")
