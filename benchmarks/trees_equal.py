@@ -68,10 +68,11 @@ for solver, variance in (("exact", "exact"), ("cg", "cg"), ("cg", "lanczos"),
     keep(f"gp-{solver}-{variance}", m, ("mean", mean), ("std", std),
          ("lml", m.log_marginal_likelihood_value_))
 for solver in ("exact", "cg"):
-    m = dkern.GaussianProcessClassifier(1.0 * Gaussian(2.0), solver=solver, tol=1e-10,
-                                        random_state=0).fit(Xc, yc)
-    keep(f"gpc-{solver}", m, ("proba", m.predict_proba(Xc[::5])),
-         ("lml", m.log_marginal_likelihood_value_))
+    for optimizer in ("lbfgs", None):
+        m = dkern.GaussianProcessClassifier(1.0 * Gaussian(2.0), solver=solver, tol=1e-10,
+                                            optimizer=optimizer, random_state=0).fit(Xc, yc)
+        keep(f"gpc-{solver}-{optimizer or 'fixed'}", m, ("proba", m.predict_proba(Xc[::5])),
+             ("lml", m.log_marginal_likelihood_value_))
 m = dkern.KernelLogisticRegression(Gaussian(2.0), alpha=1e-3, tol=1e-10).fit(Xc, yc)
 keep("klr", m, ("proba", m.predict_proba(Xc[::5])))
 m = dkern.KernelDensity(bandwidth=0.7).fit(X)
