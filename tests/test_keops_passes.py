@@ -198,3 +198,32 @@ def test_gp_variance_runs_through_keops(variance, keops_calls):
     want_mean, want_std = want.predict(X_TEST, return_std=True)
     assert_close(mean, want_mean)
     assert_close(std, want_std)
+
+
+@pytest.mark.keops
+def test_kernel_ridge_cg_runs_through_keops(keops_calls):
+    """CG's matvecs and the prediction: KeOps Sum reductions, numpy's answer at tol 1e-12."""
+    params = dict(alpha=0.5, solver="cg", tol=1e-12, random_state=0)
+    model = dkern.KernelRidge(KERNEL, backend="keops", **params).fit(X, Y)
+    assert len(keops_calls) > 0
+    want = dkern.KernelRidge(KERNEL, backend="numpy", **params).fit(X, Y)
+    assert_close(model.dual_coef_, want.dual_coef_)
+    assert_close(model.predict(X_TEST), want.predict(X_TEST))
+
+
+@pytest.mark.keops
+def test_falkon_runs_through_keops(monkeypatch):
+    """Falkon's normal-equation products K(x, C)ᵀ K(x, C) v: KeOps, numpy's answer."""
+    calls = []
+    real = blocks_module.normal_matvec_block_keops
+
+    def spy(kernel, x, c, v):
+        calls.append(v.shape[1])
+        return real(kernel, x, c, v)
+
+    monkeypatch.setattr(blocks_module, "normal_matvec_block_keops", spy)
+    params = dict(alpha=0.5, solver="nystrom", n_centers=20, tol=1e-12, random_state=0)
+    model = dkern.KernelRidge(KERNEL, backend="keops", **params).fit(X, Y)
+    assert len(calls) > 0
+    want = dkern.KernelRidge(KERNEL, backend="numpy", **params).fit(X, Y)
+    assert_close(model.predict(X_TEST), want.predict(X_TEST))
