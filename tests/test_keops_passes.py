@@ -33,18 +33,24 @@ RTOL = 1e-9
 pytestmark = pytest.mark.usefixtures("sync_scheduler")
 
 
+def count_calls(monkeypatch, name):
+    """Replace the block backend's KeOps function ``name`` by a spy; the list it fills
+    holds the width of V (the last argument) of every call."""
+    calls = []
+    real = getattr(blocks_module, name)
+
+    def spy(kernel, x, z, v):
+        calls.append(v.shape[1])
+        return real(kernel, x, z, v)
+
+    monkeypatch.setattr(blocks_module, name, spy)
+    return calls
+
+
 @pytest.fixture
 def keops_calls(monkeypatch):
-    """Counts the KeOps reductions of the block backend (a list, one entry per call)."""
-    calls = []
-    real = blocks_module.matvec_block_keops
-
-    def spy(kernel, X, Z, V):
-        calls.append(V.shape[1])
-        return real(kernel, X, Z, V)
-
-    monkeypatch.setattr(blocks_module, "matvec_block_keops", spy)
-    return calls
+    """Counts the KeOps Sum reductions of the block backend (one entry per call)."""
+    return count_calls(monkeypatch, "matvec_block_keops")
 
 
 @pytest.fixture
@@ -214,14 +220,7 @@ def test_kernel_ridge_cg_runs_through_keops(keops_calls):
 @pytest.mark.keops
 def test_falkon_runs_through_keops(monkeypatch):
     """Falkon's normal-equation products K(x, C)ᵀ K(x, C) v: KeOps, numpy's answer."""
-    calls = []
-    real = blocks_module.normal_matvec_block_keops
-
-    def spy(kernel, x, c, v):
-        calls.append(v.shape[1])
-        return real(kernel, x, c, v)
-
-    monkeypatch.setattr(blocks_module, "normal_matvec_block_keops", spy)
+    calls = count_calls(monkeypatch, "normal_matvec_block_keops")
     params = dict(alpha=0.5, solver="nystrom", n_centers=20, tol=1e-12, random_state=0)
     model = dkern.KernelRidge(KERNEL, backend="keops", **params).fit(X, Y)
     assert len(calls) > 0
