@@ -43,7 +43,7 @@ import scipy.linalg as sla
 
 from ..backends import BlockBackend, block_backend, resolve_backend
 from ..kernels import Kernel
-from ..operators import data_rows, gram, pairwise_reduce
+from ..operators import data_rows, pairwise_rows
 from ._checks import integer, positive_number
 from .sampling import gather_rows, sample_distinct
 
@@ -103,10 +103,10 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
                          "the centres are for; got None.")
     alpha = positive_number(alpha, "alpha", " (the ridge penalty of the problem)")
     Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng, blocks)
-    op = gram(kernel, Xd, Z, backend=blocks.name, dtype=np.float64)
-    (scores,) = dask.persist(pairwise_reduce(
-        blocks.leverage, op.X, op.Z, over="cols", width=1, name="dkern-leverage",
-        kernel=kernel, Linv=Linv, alpha=alpha)[:, 0])
+    (scores,) = dask.persist(pairwise_rows(
+        blocks.leverage, Xd.astype(np.float64), width=1, dtype=np.float64,
+        name="dkern-leverage", broadcast={"z": Z.astype(np.float64), "Linv": Linv}, kernel=kernel,
+        alpha=alpha)[:, 0])
     return gather_rows(Xd, np.sort(sample_distinct(scores, M, rng)))
 
 
