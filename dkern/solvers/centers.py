@@ -14,8 +14,9 @@ from uniform candidates ∝ the scores the previous dictionary gives them, and
 .. math:: \\tilde\\ell(i) = \\alpha^{-1}\\,(k_{ii} - K_{iJ} (K_{JJ} + \\alpha A)^{-1} K_{Ji})
 
 with ``A = diag(m p_j / c_j)`` for m draws with probability p_j and multiplicity c_j.
-The final scores of all n rows are a dask graph over X's row chunks, and the
-centres are sampled from them chunk-then-row, so no n-vector reaches the client.
+The final scores of all n rows are a dask graph over X's row chunks (the dictionary
+and its ``L⁻¹`` are broadcast to every task, sent once), and the centres are sampled
+from them chunk-then-row, so no n-vector reaches the client.
 Each score is the whitened residual diagonal ``k_ii − ‖L⁻¹ K_Ji‖²`` of the backend's
 ``leverage`` block (:mod:`dkern.backends.projections`).
 The levels before it score at most ``POOL_MAX`` candidates against at most
