@@ -167,3 +167,14 @@ def test_statistics_and_predictive_on_a_cluster(cluster_client):
     m, v = dask.compute(*sgpr_predict(stats, SIGMA2, chunked(X_TEST, 25)))
     assert np.max(np.abs(m - mean)) <= 1e-8 * np.max(np.abs(mean))
     assert np.max(np.abs(v - var)) <= 1e-8 * 1.5
+
+
+def test_passes_take_small_arrays_as_one_broadcast_key_each():
+    """L, the predictive's factors and the gradient's weights reach every block task as one
+    key each (``pairwise_reduce``'s broadcast operands), however many row chunks there are."""
+    stats = sgpr_statistics(KERNEL, chunked(X), Y, CENTERS)
+    _, var = sgpr_predict(stats, SIGMA2, chunked(X_TEST, 10))
+    keys = [k[0] for k in dict(var.__dask_graph__()) if str(k[0]).startswith("dkern-broadcast-")]
+    assert sorted(k.rsplit("-", 1)[0] for k in keys) == [
+        "dkern-broadcast-L", "dkern-broadcast-LB", "dkern-broadcast-c", "dkern-broadcast-z"]
+    assert var.numblocks == (6,)

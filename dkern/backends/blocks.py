@@ -124,15 +124,16 @@ class BlockBackend(Protocol):
         """``[AᵀA (lower), Aᵀy]`` for x (n, d), y (n, t); shape (M, M + t), float64."""
         ...
 
-    def sgpr_predict(self, x: np.ndarray, z: np.ndarray, factors: np.ndarray, *,
-                     kernel: Kernel, tile: int) -> np.ndarray:
+    def sgpr_predict(self, x: np.ndarray, z: np.ndarray, L: np.ndarray, LB: np.ndarray,
+                     c: np.ndarray, *, kernel: Kernel, tile: int) -> np.ndarray:
         """SGPR ``[mean, latent variance]`` at x (n, d); shape (n, t + 1), float64."""
         ...
 
-    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                      *, kernel: Kernel, gradient: Callable[..., np.ndarray], p: int,
-                      tile: int) -> np.ndarray:
-        """``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre m; shape (M, p), float64."""
+    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
+                      ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],
+                      p: int, tile: int) -> np.ndarray:
+        """``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre m, ``G = k(x, z) knu + y kyᵀ``; shape
+        (M, p), float64."""
         ...
 
     def kernel_grad_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,

@@ -18,8 +18,8 @@ method                            computes                                shape
 ``whitened_residual_diag``        ``k(x, x) − ‖A_i‖²``                    (n_i,)
 ``leverage(x, z)``                ``(k(x, x) − ‖A_i‖²) / α``              (n_i, 1)
 ``sgpr_statistics(x, z, y, L)``   ``[AᵀA (lower), Aᵀy]``                  (M, M + t)
-``sgpr_predict(x, z, F)``         SGPR mean and latent variance           (n_i, t + 1)
-``sgpr_gradient(x, z, y, W)``     ``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ``           (M, p)
+``sgpr_predict(x, z, …)``         SGPR mean and latent variance           (n_i, t + 1)
+``sgpr_gradient(x, z, y, …)``     ``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ``           (M, p)
 ``kernel_grad_matvec(x, z, v)``   ``∂k(x, z)/∂θ_p @ v`` for every p       (n_i, t, p)
 ===============================  ======================================  ============
 
@@ -175,12 +175,10 @@ class ProjectionBlocks:
                 Ay += A @ y[i0:i0 + tile]
         return np.hstack([gram, Ay])
 
-    def sgpr_predict(self, x: np.ndarray, z: np.ndarray, factors: np.ndarray, *,
-                     kernel: Kernel, tile: int) -> np.ndarray:
-        """One test chunk: SGPR ``[mean, latent variance]`` from ``factors = [L, L_B, c]``
-        (M × (2M + t)); shape (n_i, t + 1). See :mod:`dkern.solvers.sgpr`."""
-        M = len(z)
-        L, LB, c = factors[:, :M], factors[:, M:2 * M], factors[:, 2 * M:]
+    def sgpr_predict(self, x: np.ndarray, z: np.ndarray, L: np.ndarray, LB: np.ndarray,
+                     c: np.ndarray, *, kernel: Kernel, tile: int) -> np.ndarray:
+        """One test chunk: SGPR ``[mean, latent variance]`` from the factors L and L_B
+        (M × M) and c (M × t); shape (n_i, t + 1). See :mod:`dkern.solvers.sgpr`."""
         whiten = self.whitener(z, L, kernel=kernel, factor="cholesky")
         out = np.empty((len(x), c.shape[1] + 1))
         with single_threaded_blas():
@@ -195,17 +193,16 @@ class ProjectionBlocks:
                     nystrom_gap + np.einsum("ij,ij->j", aB, aB), prior)
         return out
 
-    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                      *, kernel: Kernel, gradient: Callable[..., np.ndarray], p: int,
-                      tile: int) -> np.ndarray:
+    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
+                      ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],
+                      p: int, tile: int) -> np.ndarray:
         """One row chunk: ``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre m, ``tile`` rows at a time,
-        with ``G = k(x, z) W₁ + y W₂ᵀ`` for ``weights = [W₁, W₂]``; shape (M, p)."""
-        M = len(z)
-        out = np.zeros((M, p))
+        with ``G = k(x, z) knu + y kyᵀ`` (knu (M, M), ky (M, t)); shape (M, p)."""
+        out = np.zeros((len(z), p))
         with single_threaded_blas():
             for i0 in range(0, len(x), tile):
                 x_t, y_t = x[i0:i0 + tile], y[i0:i0 + tile]
-                G = kernel(x_t, z) @ weights[:, :M] + y_t @ weights[:, M:].T  # (tile, M)
+                G = kernel(x_t, z) @ knu + y_t @ ky.T  # shape: (tile, M)
                 out += np.einsum("nm,nmp->mp", G, gradient(x_t, z))
         return out
 
@@ -264,11 +261,11 @@ class KeopsProjections(ProjectionBlocks):
         V[:, :M] = inverse.T
         return lambda x: self.kernel_matvec(x, z, V, kernel=kernel)[:, :M]  # type: ignore
 
-    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, weights: np.ndarray,
-                      *, kernel: Kernel, gradient: Callable[..., np.ndarray], p: int,
-                      tile: int) -> np.ndarray:
+    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
+                      ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],
+                      p: int, tile: int) -> np.ndarray:
         log_fallback("the SGPR bound gradient", _NO_GRADIENT_FORMULA)
-        return super().sgpr_gradient(x, z, y, weights, kernel=kernel, gradient=gradient, p=p,
+        return super().sgpr_gradient(x, z, y, knu, ky, kernel=kernel, gradient=gradient, p=p,
                                      tile=tile)
 
     def kernel_grad_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,

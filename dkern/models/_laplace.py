@@ -19,9 +19,9 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-import scipy.linalg as sla
 from scipy.special import erf, expit
 
+from ..backends.projections import residual_diag
 from ..errors import ConvergenceWarning
 from ..kernels import Kernel
 from ..operators import GramOperator, IdentityPlusScaled
@@ -125,8 +125,7 @@ def dense_latent(K_star: np.ndarray, k_diag: np.ndarray, t: np.ndarray, pi: np.n
     arrays of shape (m,).
     """
     s = np.sqrt(pi * (1 - pi))
-    v = sla.solve_triangular(chol, s[:, None] * K_star, lower=True, check_finite=False)
-    return K_star.T @ (t - pi), k_diag - np.einsum("ij,ij->j", v, v)
+    return K_star.T @ (t - pi), residual_diag(k_diag, (s[:, None] * K_star).T, chol)
 
 
 def cg_latent(K: GramOperator, K_star: GramOperator, k_diag: np.ndarray, t: da.Array,

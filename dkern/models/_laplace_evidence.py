@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
+from ..backends.projections import residual_diag
 from ..kernels import Kernel
 from . import _laplace
 from ._gp_optimize import optimize
@@ -86,9 +87,9 @@ def _gradient(kernel: Kernel, X: np.ndarray, K: np.ndarray, t: np.ndarray,
     """Alg. 5.1 lines 7-15 at the mode: ``Σ_ij M_ij ∂K_ij/∂θ`` for the symmetric M below."""
     pi, L = mode.pi, mode.chol
     s, g = np.sqrt(pi * (1 - pi)), t - pi
-    C = sla.solve_triangular(L, s[:, None] * K, lower=True, check_finite=False)  # line 8
-    s2 = -0.5 * (np.diag(K) - np.einsum("ij,ij->j", C, C)) * pi * (1 - pi) * (1 - 2 * pi)
-    del C  # line 9 done: the n x n temporaries are freed before M is built
+    # lines 8-9: diag(K) − diag(CᵀC) with C = L⁻¹ S K; its n × n temporaries are freed
+    # on return, before M is built
+    s2 = -0.5 * residual_diag(np.diag(K), (s[:, None] * K).T, L) * pi * (1 - pi) * (1 - 2 * pi)
     u = s2 - s * sla.cho_solve((L, True), s * (K @ s2), check_finite=False)  # (I - R K) s2
     M, info = sla.lapack.dpotri(L, lower=1)  # lower triangle of B⁻¹ (line 7), a new array
     if info != 0:

@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows
-from ..operators import data_rows
+from ..operators import data_rows, pairwise_rows
 from ..operators.reductions import nearest_neighbors
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
 from ._validation import check_choice, check_labels, check_X, check_y, in_memory
@@ -144,8 +144,8 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         ind, w = self._neighbour_weights(X)
         y2 = self.y_fit_.reshape(len(self.y_fit_), -1)
         if isinstance(ind, da.Array):
-            pred = da.map_blocks(_weighted_mean, ind, w, y=y2, dtype=np.float64,
-                                 chunks=(ind.chunks[0], (y2.shape[1],)))
+            pred = pairwise_rows(_weighted_mean, ind, [w], width=y2.shape[1],
+                                 dtype=np.float64, name="dkern-knn-mean", broadcast={"y": y2})
         else:
             pred = _weighted_mean(ind, w, y=y2)
         return pred[:, 0] if self.y_fit_.ndim == 1 else pred
@@ -209,8 +209,9 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         ind, w = self._neighbour_weights(X)
         n_classes = len(self.classes_)
         if isinstance(ind, da.Array):
-            return da.map_blocks(_vote_shares, ind, w, codes=self.y_codes_, n_classes=n_classes,
-                                 dtype=np.float64, chunks=(ind.chunks[0], (n_classes,)))
+            return pairwise_rows(_vote_shares, ind, [w], width=n_classes, dtype=np.float64,
+                                 name="dkern-knn-vote", broadcast={"codes": self.y_codes_},
+                                 n_classes=n_classes)
         return _vote_shares(ind, w, codes=self.y_codes_, n_classes=n_classes)
 
     def predict(self, X: Rows) -> Any:

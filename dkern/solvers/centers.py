@@ -14,8 +14,9 @@ from uniform candidates ∝ the scores the previous dictionary gives them, and
 .. math:: \\tilde\\ell(i) = \\alpha^{-1}\\,(k_{ii} - K_{iJ} (K_{JJ} + \\alpha A)^{-1} K_{Ji})
 
 with ``A = diag(m p_j / c_j)`` for m draws with probability p_j and multiplicity c_j.
-The final scores of all n rows are a dask graph over X's row chunks, and the
-centres are sampled from them chunk-then-row, so no n-vector reaches the client.
+The final scores of all n rows are a dask graph over X's row chunks (the dictionary
+and its ``L⁻¹`` are broadcast to every task, sent once), and the centres are sampled
+from them chunk-then-row, so no n-vector reaches the client.
 Each score is the whitened residual diagonal ``k_ii − ‖L⁻¹ K_Ji‖²`` of the backend's
 ``leverage`` block (:mod:`dkern.backends.projections`).
 The levels before it score at most ``POOL_MAX`` candidates against at most
@@ -43,7 +44,7 @@ import scipy.linalg as sla
 
 from ..backends import BlockBackend, block_backend, resolve_backend
 from ..kernels import Kernel
-from ..operators import data_rows, gram, pairwise_reduce
+from ..operators import data_rows, pairwise_rows
 from ._checks import integer, positive_number
 from .sampling import gather_rows, sample_distinct
 
@@ -103,10 +104,10 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
                          "the centres are for; got None.")
     alpha = positive_number(alpha, "alpha", " (the ridge penalty of the problem)")
     Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng, blocks)
-    op = gram(kernel, Xd, Z, backend=blocks.name, dtype=np.float64)
-    (scores,) = dask.persist(pairwise_reduce(
-        blocks.leverage, op.X, op.Z, over="cols", width=1, name="dkern-leverage",
-        kernel=kernel, Linv=Linv, alpha=alpha)[:, 0])
+    (scores,) = dask.persist(pairwise_rows(
+        blocks.leverage, Xd.astype(np.float64), width=1, dtype=np.float64,
+        name="dkern-leverage", broadcast={"z": Z.astype(np.float64), "Linv": Linv}, kernel=kernel,
+        alpha=alpha)[:, 0])
     return gather_rows(Xd, np.sort(sample_distinct(scores, M, rng)))
 
 

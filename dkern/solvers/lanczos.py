@@ -41,7 +41,7 @@ import scipy.linalg as sla
 
 from ..backends.projections import residual_diag
 from ..errors import NotPositiveDefiniteError
-from ..operators import GramOperator
+from ..operators import GramOperator, pairwise_rows
 from ._checks import integer, square_operator
 from .preconditioners import NystromPreconditioner
 
@@ -210,15 +210,16 @@ def lanczos_predict(result: LanczosResult, cross: GramOperator,
     weights = sla.cho_solve((L, True), result.Vtb)
     W = cross.matvec(result.V).astype(np.float64)  # shape: (n*, r + k)
     mean = W @ weights
-    variance = da.map_blocks(_variance_block, W, prior[:, None], drop_axis=1, dtype=np.float64,
-                             meta=np.empty((0,)), L=L)
+    variance = pairwise_rows(_variance_block, W, [prior[:, None]], width=None,
+                             dtype=np.float64, name="dkern-lanczos-variance", label="X_test",
+                             broadcast={"L": L})
     return mean, variance
 
 
 def gram_diag(cross: GramOperator) -> da.Array:
     """``k(x*, x*)`` for the rows of a (possibly rectangular) Gram operator; shape (n*,)."""
-    return da.map_blocks(cross.blocks.kernel_diag, cross.X, drop_axis=1, dtype=cross.dtype,
-                         meta=np.empty((0,), cross.dtype), kernel=cross.kernel)
+    return pairwise_rows(cross.blocks.kernel_diag, cross.X, width=None, dtype=cross.dtype,
+                         name="dkern-gram-diag", label="X_test", kernel=cross.kernel)
 
 
 def _variance_block(W: np.ndarray, prior: np.ndarray, *, L: np.ndarray) -> np.ndarray:

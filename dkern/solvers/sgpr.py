@@ -48,13 +48,14 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg as sla
+from dask.base import tokenize
 
 from ..backends import block_backend, resolve_backend
 from ..backends.numpy_backend import TILE_BYTES
 from ..errors import NotPositiveDefiniteError
 from ..io import as_rows
 from ..kernels import Kernel, check_n_features
-from ..operators import GramOperator, data_rows, pairwise_reduce
+from ..operators import GramOperator, data_rows, pairwise_reduce, pairwise_rows
 from ._checks import positive_number
 
 logger = logging.getLogger(__name__)
@@ -128,16 +129,22 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
     jitter = positive_number(jitter, "jitter", ", e.g. 1e-6 (relative to k(z, z))")
     L = _kuu_factor(kernel, Z, jitter)
     M, t = len(Z), Yd.shape[1]
-    Zd = da.from_array(Z, chunks=Z.shape)
-    Ld = da.from_array(L, chunks=L.shape)
-    sums = pairwise_reduce(block_backend(concrete).sgpr_statistics, Xd, Zd,
-                           [(Yd, "rows"), (Ld, "cols")], over="rows", width=M + t,
+    sums = pairwise_reduce(block_backend(concrete).sgpr_statistics, Xd, _centres(Z),
+                           [(Yd, "rows")], over="rows", width=M + t, broadcast={"L": L},
                            name="dkern-sgpr-statistics", kernel=kernel, tile=_whitening_rows(M))
     trace = GramOperator(kernel, Xd, None, concrete).diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
     logger.info("SGPR statistics: %d rows, %d centres, %d target column(s)", Xd.shape[0], M, t)
     return SGPRStatistics(kernel, Z, L, _mirrored(sums[:, :M]), sums[:, M:], np.asarray(yty),
                           float(trace), int(Xd.shape[0]), jitter)
+
+
+def _centres(Z: np.ndarray) -> da.Array:
+    """The centres as the column side of a pass summed over X's rows (its result is
+    indexed by them): one chunk, named by its content as NystromOperator's centres are.
+    Everything else a block needs whole (L, the predictive's factors, the gradient's
+    weights) is a broadcast operand of the pass."""
+    return da.from_array(Z, chunks=Z.shape, name=f"dkern-centers-{tokenize(Z)}")
 
 
 def _whitening_rows(M: int) -> int:
@@ -202,13 +209,12 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
     if Xt.shape[1] != Z.shape[1]:
         raise ValueError(f"X_test must have {Z.shape[1]} features like the training data; got "
                          f"shape {Xt.shape}.")
-    factors = da.from_array(np.hstack([stats.L, LB, c]), chunks=(len(Z), -1))
     blocks = block_backend(resolve_backend(backend))
-    out = pairwise_reduce(blocks.sgpr_predict, Xt.astype(np.float64),
-                          da.from_array(Z, chunks=Z.shape), [(factors, "cols")], over="cols",
-                          width=c.shape[1] + 1, name="dkern-sgpr-predict", kernel=stats.kernel,
-                          tile=_whitening_rows(len(Z)))
     t = c.shape[1]
+    out = pairwise_rows(blocks.sgpr_predict, Xt.astype(np.float64), width=t + 1,
+                        dtype=np.float64, name="dkern-sgpr-predict", label="X_test",
+                        broadcast={"z": Z, "L": stats.L, "LB": LB, "c": c},
+                        kernel=stats.kernel, tile=_whitening_rows(len(Z)))
     return out[:, 0] if t == 1 else out[:, :t], out[:, t]
 
 
@@ -289,11 +295,10 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
     Xd, Yd, Z = _inputs(stats.kernel, X, y, stats.centers)
     d = _derivatives(stats, s)
     p = np.shape(diag_gradient(Z[:1]))[1]
-    weights = da.from_array(np.hstack([d["knu"], d["ky"]]), chunks=(len(Z), -1))
     blocks = block_backend(resolve_backend(backend))
-    per_centre = pairwise_reduce(blocks.sgpr_gradient, Xd, da.from_array(Z, chunks=Z.shape),
-                                 [(Yd, "rows"), (weights, "cols")], over="rows", width=p,
-                                 name="dkern-sgpr-gradient", kernel=stats.kernel,
+    per_centre = pairwise_reduce(blocks.sgpr_gradient, Xd, _centres(Z), [(Yd, "rows")],
+                                 over="rows", width=p, name="dkern-sgpr-gradient",
+                                 broadcast={"knu": d["knu"], "ky": d["ky"]}, kernel=stats.kernel,
                                  gradient=gradient, p=p, tile=_tile_rows(len(Z), p))
     diag = da.map_blocks(_diag_gradient_block, Xd, chunks=(Xd.chunks[0], (p,)),
                          dtype=np.float64, meta=np.empty((0, 0)), diag_gradient=diag_gradient)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg as sla
@@ -25,6 +24,7 @@ import scipy.linalg as sla
 from ...backends.projections import residual_diag
 from ...errors import NotPositiveDefiniteError
 from ...kernels import Kernel
+from ...operators import pairwise_rows
 from ...solvers.exact import cholesky_factor
 from .expansion import KernelExpansion, clip_variance
 
@@ -66,9 +66,9 @@ class ExactPosterior(KernelExpansion):
     def variance(self, Xt: Any) -> Any:
         """Latent variance at Xt (m, d); numpy (m,), or lazy per row chunk for dask Xt."""
         if isinstance(Xt, da.Array):
-            return da.map_blocks(_variance_block, Xt, drop_axis=1, dtype=np.float64,
-                                 meta=np.empty((0,)), kernel=self.kernel,
-                                 X=dask.delayed(self.X), L=dask.delayed(self.L))
+            return pairwise_rows(_variance_block, Xt, width=None, dtype=np.float64,
+                                 name="dkern-exact-variance", label="X_test",
+                                 broadcast={"X": self.X, "L": self.L}, kernel=self.kernel)
         return _variance(self.kernel, self.X, self.L, Xt)
 
     def covariance(self, Xt: np.ndarray) -> np.ndarray:
