@@ -68,7 +68,7 @@ class Stationary(Kernel):
         scikit-learn's spellings ``length_scale`` and ``length_scale_bounds``.
     """
 
-    _hyperparameters = ("lengthscale",)
+    _hyperparameters: tuple[str, ...] = ("lengthscale",)
     _aliases = {"length_scale": "lengthscale", "length_scale_bounds": "lengthscale_bounds"}
 
     def __init__(self, lengthscale: float | Array = 1.0,
