@@ -14,7 +14,8 @@ import operator
 from typing import Any
 
 from .algebra import MAX_DEPTH, Exp, Power, Product, Scaled, Sum, Warp, exp, warp
-from .base import DEFAULT_BOUNDS, FIXED, Hyperparameter, Kernel, check_n_features
+from .base import Hyperparameter, Kernel
+from .checks import DEFAULT_BOUNDS, FIXED, check_n_features
 from .constant import Constant, White
 from .convert import from_sklearn
 from .dot import DotProduct, Linear, Polynomial

@@ -20,10 +20,10 @@ from typing import Any, cast
 import numpy as np
 
 from . import fastexp
-from .base import (
+from .base import Kernel
+from .checks import (
     DEFAULT_BOUNDS,
     Array,
-    Kernel,
     as_pair,
     check_bounds,
     check_integer,

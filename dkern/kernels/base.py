@@ -20,14 +20,9 @@ A kernel is a symmetric function ``k(x, x')`` of two rows. Every kernel gives
 
 White noise
 -----------
-scikit-learn's ``WhiteKernel`` adds ``noise · I`` to ``k(X)`` and nothing to ``k(X, Y)``:
-it tells "the same points" by ``Y is None``. dkern evaluates its operators block by
-block, always as ``k(x_i, z_j)`` with both operands given, so in those blocks a White
-term is zero, even on the diagonal blocks of a square Gram matrix. It reaches a model
-only through ``white_noise()`` (its total noise variance; ``white_noise_gradient()``
-its derivative with respect to ``theta``), which the model adds to the diagonal
-``alpha`` of its training system, and through ``diag`` (predictive variances include
-it, as scikit-learn's). ``without_white()`` is the kernel with its White terms removed.
+A :class:`~dkern.kernels.White` term adds ``noise · I`` to ``k(X)`` (Z None) and
+nothing to the blocks ``k(x_i, z_j)`` dkern's operators evaluate; models add its
+``white_noise()`` to their diagonal ``alpha`` (see ``White``).
 """
 
 from __future__ import annotations
@@ -39,18 +34,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, cast, overload
 
 import numpy as np
 
-from .checks import DEFAULT_BOUNDS as DEFAULT_BOUNDS
-from .checks import FIXED as FIXED
-from .checks import Array as Array
-from .checks import as_pair as as_pair
-from .checks import check_bounds as check_bounds
-from .checks import check_integer as check_integer
-from .checks import check_n_features as check_n_features
-from .checks import check_positive_params as check_positive_params
-from .checks import finite_values as finite_values
-from .checks import format_bounds as format_bounds
-from .checks import format_param as format_param
-from .checks import is_default_bounds as is_default_bounds
+from .checks import Array, as_pair, format_bounds, format_param, is_default_bounds
+from .checks import finite_values as finite_values  # re-exported: the backends' overflow check
 
 
 class Hyperparameter(NamedTuple):

@@ -6,14 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import (
-    DEFAULT_BOUNDS,
-    Array,
-    Kernel,
-    as_pair,
-    check_bounds,
-    check_positive_params,
-)
+from .base import Kernel
+from .checks import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
 
 
 class _Level(Kernel):

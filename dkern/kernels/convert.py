@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from .algebra import Power, Product, Sum
-from .base import FIXED, Kernel
+from .base import Kernel
+from .checks import FIXED
 from .constant import Constant, White
 from .dot import DotProduct
 from .periodic import Periodic

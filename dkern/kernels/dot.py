@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import (
+from .base import Kernel
+from .checks import (
     DEFAULT_BOUNDS,
     Array,
-    Kernel,
     as_pair,
     check_bounds,
     check_integer,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from .base import DEFAULT_BOUNDS, Array, Kernel, as_pair, check_bounds, check_positive_params
+from .base import Kernel
+from .checks import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
 
 
 class Periodic(Kernel):

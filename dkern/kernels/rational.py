@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
+from .checks import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
 from .stationary import Stationary
 
 

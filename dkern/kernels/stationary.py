@@ -38,7 +38,8 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from . import fastexp
-from .base import DEFAULT_BOUNDS, Array, Kernel, as_pair, check_bounds, check_positive_params
+from .base import Kernel
+from .checks import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
 
 _MATERN_NUS = (0.5, 1.5, 2.5)
 #: Pairs with ``|G| < NEAR * (h_x + h_z)`` get exact distances in the root-taking kernels:
