@@ -58,7 +58,10 @@ class Kernel:
     (scikit-learn's ``clone`` relies on that), implement ``_block``, ``diag``
     and ``keops_formula``, and check their parameters in ``_validate``. A subclass
     with learnable parameters names them in ``_hyperparameters``, takes their bounds
-    as ``<name>_bounds`` and implements ``_value_and_gradient``.
+    as ``<name>_bounds`` and implements ``_value_and_gradient``. A subclass with
+    scikit-learn spellings lists them in ``_aliases``, takes ``**aliases`` and passes
+    them on to ``super().__init__``. Overriding ``__call__`` (as a wrapper calling
+    ``super().__call__(X, Z)``) keeps working, without ``eval_gradient``.
     """
 
     #: This kernel's own learnable positive parameters (nested kernels add theirs).
