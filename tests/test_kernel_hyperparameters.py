@@ -11,13 +11,17 @@ from sklearn.gaussian_process import kernels as sk
 
 import dkern
 from dkern.kernels import (
+    Constant,
+    DotProduct,
     Gaussian,
     Laplacian,
     Linear,
     Matern,
     Periodic,
     Polynomial,
+    RationalQuadratic,
     Scaled,
+    White,
     exp,
     from_repr,
     warp,
@@ -43,6 +47,9 @@ KERNELS = [
     Scaled(2.0, Gaussian([1.0, 2.0, 3.0], lengthscale_bounds="fixed")),
     Periodic(0.8, 1.7), Periodic(1.2, 0.9, period_bounds="fixed"),
     0.5 * Periodic(1.0, 2.0) * Gaussian(3.0) + Gaussian(0.4),
+    RationalQuadratic(0.9, 1.7), RationalQuadratic([0.5, 1.0, 2.0], 0.6),
+    RationalQuadratic(1.1, 2.0, alpha_bounds="fixed"), DotProduct(0.8) * Gaussian(2.0),
+    Constant(1.5) * Gaussian(0.7) + 0.5, Gaussian(0.6) + White(0.1),
 ]
 IDS = [repr(k)[:50] for k in KERNELS]
 

@@ -37,6 +37,10 @@ LEAVES = [
     (K.Linear(), lambda A, B: A @ B.T),
     (K.Polynomial(3, c=0.5), lambda A, B: (A @ B.T + 0.5) ** 3),
     (K.Periodic(0.9, 2.5), lambda A, B: np.exp(-2 * np.sin(np.pi * _r(A, B) / 2.5) ** 2 / 0.81)),
+    (K.RationalQuadratic(0.9, 1.7), lambda A, B: (1 + _r(A, B, 0.9) ** 2 / (2 * 1.7)) ** -1.7),
+    (K.RationalQuadratic(ELL, 0.6), lambda A, B: (1 + _r(A, B, ELL) ** 2 / 1.2) ** -0.6),
+    (K.DotProduct(0.7), lambda A, B: 0.49 + A @ B.T),
+    (K.Constant(1.5), lambda A, B: np.full((len(A), len(B)), 1.5)),
 ]
 G = LEAVES[0][1]
 LIN = LEAVES[6][1]
@@ -46,6 +50,7 @@ COMPOSITES = [
     (K.Gaussian(0.8) * K.Linear(), lambda A, B: G(A, B) * LIN(A, B)),
     (K.Linear() ** 2, lambda A, B: LIN(A, B) ** 2),
     (K.exp(0.1 * K.Linear()), lambda A, B: np.exp(0.1 * LIN(A, B))),
+    (K.Gaussian(0.8) + 2.0, lambda A, B: G(A, B) + 2.0),
     (K.warp(K.Gaussian(0.8), weight), lambda A, B: weight(A)[:, None] * G(A, B) * weight(B)[None]),
 ]
 ALL = LEAVES + COMPOSITES

@@ -1,8 +1,10 @@
 """What ``k(x, x')`` is: kernels, their dense blocks, KeOps formulas and algebra.
 
-Kernels: ``Gaussian`` (``RBF``), ``Laplacian``, ``Matern``, ``Periodic``, ``Linear``,
-``Polynomial``. They compose: ``c * k``, ``k1 + k2``, ``k1 * k2``, ``k ** p``, ``exp(k)``,
-``warp(k, f)``. ``from_repr`` turns a kernel's ``repr`` back into the kernel.
+Kernels: ``Gaussian`` (``RBF``), ``Laplacian``, ``Matern``, ``RationalQuadratic``,
+``Periodic``, ``Linear``, ``DotProduct``, ``Polynomial``, ``Constant`` and the noise term
+``White``. They compose: ``c * k``, ``k + c``, ``k1 + k2``, ``k1 * k2``, ``k ** p``,
+``exp(k)``, ``warp(k, f)``. ``from_repr`` turns a kernel's ``repr`` back into the kernel;
+``from_sklearn`` converts scikit-learn's kernel objects.
 """
 
 from __future__ import annotations
@@ -12,22 +14,27 @@ import operator
 from typing import Any
 
 from .algebra import MAX_DEPTH, Exp, Power, Product, Scaled, Sum, Warp, exp, warp
-from .base import DEFAULT_BOUNDS, FIXED, Kernel, check_n_features
-from .dot import Linear, Polynomial
+from .base import Hyperparameter, Kernel
+from .checks import DEFAULT_BOUNDS, FIXED, check_n_features
+from .constant import Constant, White
+from .convert import from_sklearn
+from .dot import DotProduct, Linear, Polynomial
 from .periodic import Periodic
 from .psd import PSDReport, check_psd
+from .rational import RationalQuadratic
 from .stationary import RBF, Gaussian, Laplacian, Matern
 
 __all__ = [
-    "DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "RBF", "Exp", "Gaussian", "Kernel", "Laplacian",
-    "Linear", "Matern", "PSDReport", "Periodic",
-    "Polynomial", "Power", "Product", "Scaled", "Sum", "Warp", "check_n_features", "check_psd",
-    "exp", "from_repr", "warp",
+    "DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "RBF", "Constant", "DotProduct", "Exp", "Gaussian",
+    "Hyperparameter", "Kernel", "Laplacian", "Linear", "Matern", "PSDReport", "Periodic",
+    "Polynomial", "Power", "Product", "RationalQuadratic", "Scaled", "Sum", "Warp", "White",
+    "check_n_features", "check_psd", "exp", "from_repr", "from_sklearn", "warp",
 ]
 
 _REPR_NAMES = {name: globals()[name] for name in __all__
-               if name not in ("DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "Kernel", "PSDReport",
-                               "check_n_features", "check_psd", "from_repr", "warp")}
+               if name not in ("DEFAULT_BOUNDS", "FIXED", "MAX_DEPTH", "Hyperparameter", "Kernel",
+                               "PSDReport", "check_n_features", "check_psd", "from_repr",
+                               "from_sklearn", "warp")}
 #: Syntax-tree levels a kernel's leaf adds below its operations: a call, a list, a sign and
 #: a number, as in ``Gaussian(lengthscale=[-1.0])``.
 _LEAF_LEVELS = 4

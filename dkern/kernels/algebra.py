@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from numbers import Real
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from . import fastexp
-from .base import (
+from .base import Kernel
+from .checks import (
     DEFAULT_BOUNDS,
     Array,
-    Kernel,
     as_pair,
     check_bounds,
     check_integer,
@@ -31,6 +31,7 @@ from .base import (
     format_bounds,
     is_default_bounds,
 )
+from .constant import Constant
 
 #: Most operations (``+``, ``*``, ``**``, ``c *``, ``exp``, ``warp``) one path of a kernel
 #: expression may nest. A chain ``k1 + k2 + ... + kn`` nests n - 1; a balanced tree of
@@ -45,16 +46,18 @@ class Scaled(Kernel):
     The constant is a learnable hyperparameter (the output scale, scikit-learn's
     ``ConstantKernel() * k``) with ``constant_bounds`` (default (1e-5, 1e5), or
     ``"fixed"``); ``Scaled(c, k, constant_bounds="fixed")`` keeps it out of ``theta``.
+    scikit-learn's spellings ``constant_value`` / ``constant_value_bounds`` are aliases.
     """
 
     _hyperparameters = ("constant",)
+    _aliases = {"constant_value": "constant", "constant_value_bounds": "constant_bounds"}
 
     def __init__(self, constant: float, kernel: Kernel,
-                 constant_bounds: Any = DEFAULT_BOUNDS) -> None:
+                 constant_bounds: Any = DEFAULT_BOUNDS, **aliases: Any) -> None:
         self.constant = constant
         self.kernel = kernel
         self.constant_bounds = constant_bounds
-        super().__init__()
+        super().__init__(**aliases)
 
     def _validate(self) -> None:
         _check_kernel(self.kernel, "kernel", "Scaled")
@@ -76,7 +79,7 @@ class Scaled(Kernel):
         own = [K[..., None]] if self._free() else []  # d(c K0) / d log c = c K0
         return K, np.concatenate([*own, self.constant * G0], axis=-1)
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
         K *= self.constant
         return K
@@ -85,7 +88,20 @@ class Scaled(Kernel):
         return self.constant * self.kernel.diag(X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
+        if self.has_white:  # White's blocks are zero: its terms stay out of the formula
+            return _white_free(self).keops_formula(X, Z)
         return float(self.constant) * self.kernel.keops_formula(X, Z)
+
+    def _white(self) -> tuple[float, Array]:
+        noise, grad = self.kernel._white()
+        own = [self.constant * noise] if self._free() else []  # ∂(c n) / ∂log c = c n
+        return self.constant * noise, np.concatenate([own, self.constant * grad])
+
+    def _strip_white(self) -> Kernel | None:
+        if not self.has_white:
+            return self
+        inner = self.kernel._strip_white()
+        return None if inner is None else Scaled(self.constant, inner, self.constant_bounds)
 
 
 class _Binary(Kernel):
@@ -109,7 +125,7 @@ class Sum(_Binary):
 
     symbol = "+"
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         K = self.k1(X, Z)
         K += self.k2(X, Z)
         return K
@@ -118,7 +134,19 @@ class Sum(_Binary):
         return self.k1.diag(X) + self.k2.diag(X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
+        if self.has_white:  # White's blocks are zero: its terms stay out of the formula
+            return _white_free(self).keops_formula(X, Z)
         return self.k1.keops_formula(X, Z) + self.k2.keops_formula(X, Z)
+
+    def _white(self) -> tuple[float, Array]:
+        (n1, g1), (n2, g2) = self.k1._white(), self.k2._white()
+        return n1 + n2, np.concatenate([g1, g2])
+
+    def _strip_white(self) -> Kernel | None:
+        if not self.has_white:
+            return self
+        a, b = self.k1._strip_white(), self.k2._strip_white()
+        return b if a is None else a if b is None else Sum(a, b)
 
     def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
         K1, G1 = self.k1._value_and_gradient(X, Z, diag)
@@ -131,7 +159,34 @@ class Product(_Binary):
 
     symbol = "*"
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _validate(self) -> None:
+        super()._validate()
+        for this, other, name in ((self.k1, self.k2, "k1"), (self.k2, self.k1, "k2")):
+            if this.has_white and not isinstance(other, Constant):
+                raise ValueError(
+                    f"Product: {name} holds a White term and the other factor is a "
+                    f"{type(other).__name__}; such a product is ill-defined on dkern's blocks "
+                    "(scikit-learn's value, diag(k(x, x)) · noise, is a noise varying by point, "
+                    "not one noise level). Add the noise instead (k + White()), or scale it by "
+                    "a number or a Constant (c * White()).")
+
+    def _white(self) -> tuple[float, Array]:
+        if not self.has_white:
+            return super()._white()
+        # one factor holds White, the other is a Constant: the product rule on (c, noise)
+        (v1, g1), (v2, g2) = (
+            k._white() if k.has_white else (cast(Constant, k)._level(),
+                                            cast(Constant, k)._level_gradient())
+            for k in (self.k1, self.k2))
+        return v1 * v2, np.concatenate([g1 * v2, v1 * g2])
+
+    def _strip_white(self) -> Kernel | None:
+        if not self.has_white:
+            return self
+        a, b = self.k1._strip_white(), self.k2._strip_white()
+        return None if a is None or b is None else Product(a, b)
+
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         K = self.k1(X, Z)
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
             K *= self.k2(X, Z)
@@ -142,6 +197,8 @@ class Product(_Binary):
             return finite_values(self.k1.diag(X) * self.k2.diag(X), self, X)
 
     def keops_formula(self, X: Array, Z: Array) -> Any:
+        if self.has_white:  # White's blocks are zero: its terms stay out of the formula
+            return _white_free(self).keops_formula(X, Z)
         return self.k1.keops_formula(X, Z) * self.k2.keops_formula(X, Z)
 
     def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
@@ -160,12 +217,13 @@ class Power(Kernel):
 
     def _validate(self) -> None:
         _check_kernel(self.kernel, "kernel", "Power")
+        _refuse_white(self.kernel, "Power (k ** p)")
         check_integer(self.power, "power", "Power (k ** p)", minimum=1)
 
     def __repr__(self) -> str:
         return f"({self.kernel!r} ** {self.power!r})"
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
             return finite_values(np.power(K, int(self.power), out=K), self, X, Z)
@@ -192,11 +250,12 @@ class Exp(Kernel):
 
     def _validate(self) -> None:
         _check_kernel(self.kernel, "kernel", "Exp")
+        _refuse_white(self.kernel, "exp(k)")
 
     def __repr__(self) -> str:
         return f"exp({self.kernel!r})"
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         K = self.kernel(X, Z)
         with np.errstate(over="ignore"):  # overflow is reported by finite_values
             return finite_values(fastexp.exp(K, out=K), self, X, Z)
@@ -228,6 +287,7 @@ class Warp(Kernel):
 
     def _validate(self) -> None:
         _check_kernel(self.kernel, "kernel", "Warp")
+        _refuse_white(self.kernel, "warp(k, f)")
         if not callable(self.f):
             raise TypeError(f"warp: f must be a function of the rows (n, d) -> (n,); "
                             f"got {type(self.f).__name__}.")
@@ -247,7 +307,7 @@ class Warp(Kernel):
                              f"got {fx.shape} for {len(X)} rows.")
         return fx
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
         K = self.kernel(X, Z)
         K *= self._weights(X)[:, None]
@@ -291,6 +351,24 @@ def _check_kernel(value: object, name: str, owner: str) -> None:
             f"allows at most dkern.kernels.MAX_DEPTH = {MAX_DEPTH}, so that every kernel it "
             "builds can be printed, saved in a model file and loaded. Combine many kernels "
             "pairwise, as a balanced tree (log2(n) levels), not as one chain k1 + k2 + ... + kn.")
+
+
+def _refuse_white(kernel: Kernel, owner: str) -> None:
+    if kernel.has_white:
+        raise ValueError(f"{owner}: the kernel {kernel!r} holds a White term, whose {owner} is "
+                         "ill-defined on dkern's blocks (not one noise level); apply it to the "
+                         "kernel without White and add the noise afterwards: "
+                         "f(k) + White(noise_level).")
+
+
+def _white_free(kernel: Kernel) -> Kernel:
+    """``kernel`` without its White terms, whose blocks are zero; a ValueError if nothing
+    else is left."""
+    stripped = kernel._strip_white()
+    if stripped is None:
+        raise ValueError(f"{kernel!r} is white noise only: its blocks k(x, z) are zero, and "
+                         "its noise enters through white_noise(); there is no KeOps formula.")
+    return stripped
 
 
 def depth(kernel: Kernel) -> int:

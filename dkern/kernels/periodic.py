@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from .base import DEFAULT_BOUNDS, Array, Kernel, as_pair, check_bounds, check_positive_params
+from .base import Kernel
+from .checks import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
 
 
 class Periodic(Kernel):
@@ -34,18 +35,22 @@ class Periodic(Kernel):
     lengthscale_bounds, period_bounds : (float, float) or "fixed", default=(1e-5, 1e5)
         Ranges of ``l`` and ``p`` when hyperparameters are learned; ``"fixed"`` keeps
         the parameter out of ``theta``.
+    **aliases
+        scikit-learn's spellings ``length_scale``, ``periodicity`` and their ``_bounds``.
     """
 
     _hyperparameters = ("lengthscale", "period")
+    _aliases = {"length_scale": "lengthscale", "length_scale_bounds": "lengthscale_bounds",
+                "periodicity": "period", "periodicity_bounds": "period_bounds"}
 
     def __init__(self, lengthscale: float = 1.0, period: float = 1.0,
                  lengthscale_bounds: Any = DEFAULT_BOUNDS,
-                 period_bounds: Any = DEFAULT_BOUNDS) -> None:
+                 period_bounds: Any = DEFAULT_BOUNDS, **aliases: Any) -> None:
         self.lengthscale = lengthscale
         self.period = period
         self.lengthscale_bounds = lengthscale_bounds
         self.period_bounds = period_bounds
-        super().__init__()
+        super().__init__(**aliases)
 
     def _validate(self) -> None:
         for name in self._hyperparameters:
@@ -62,7 +67,7 @@ class Periodic(Kernel):
         arg *= np.pi / float(self.period)
         return arg
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
         K = np.sin(self._phase(X, Z))
         np.square(K, out=K)

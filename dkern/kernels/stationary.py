@@ -38,7 +38,8 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from . import fastexp
-from .base import DEFAULT_BOUNDS, Array, Kernel, as_pair, check_bounds, check_positive_params
+from .base import Kernel
+from .checks import DEFAULT_BOUNDS, Array, as_pair, check_bounds, check_positive_params
 
 _MATERN_NUS = (0.5, 1.5, 2.5)
 #: Pairs with ``|G| < NEAR * (h_x + h_z)`` get exact distances in the root-taking kernels:
@@ -64,37 +65,45 @@ class Stationary(Kernel):
     lengthscale_bounds : (float, float) or "fixed", default=(1e-5, 1e5)
         Range of every lengthscale entry when hyperparameters are learned; ``"fixed"``
         keeps the lengthscale out of ``theta``.
+    **aliases
+        scikit-learn's spellings ``length_scale`` and ``length_scale_bounds``.
     """
 
-    _hyperparameters = ("lengthscale",)
+    _hyperparameters: tuple[str, ...] = ("lengthscale",)
+    _aliases = {"length_scale": "lengthscale", "length_scale_bounds": "lengthscale_bounds"}
 
     def __init__(self, lengthscale: float | Array = 1.0,
-                 lengthscale_bounds: Any = DEFAULT_BOUNDS) -> None:
+                 lengthscale_bounds: Any = DEFAULT_BOUNDS, **aliases: Any) -> None:
         self.lengthscale = lengthscale
         self.lengthscale_bounds = lengthscale_bounds
-        super().__init__()
+        super().__init__(**aliases)
 
     def _validate(self) -> None:
         check_positive_params(self.lengthscale, "lengthscale", type(self).__name__)
         check_bounds(self.lengthscale_bounds, "lengthscale_bounds", type(self).__name__)
 
     def _value_and_gradient(self, X: Array, Z: Array, diag: bool) -> tuple[Array, Array]:
-        p = len(self.hyperparameter_names)
+        p = self.n_dims
         if diag:  # k(x, x) = g(0) = 1 whatever the lengthscale
             return np.ones(len(X)), np.zeros((len(X), p))
-        ell = self._lengthscale(X)
-        # differences first, then the lengthscale: scaling first rounds a far row's
-        # coordinates to its own magnitude, losing the digits of a small difference
-        if np.ndim(ell) == 1:  # ARD: the scaled squared differences per feature, (n, m, d)
-            S = np.square((X[:, None, :] - Z[None, :, :]) / ell)
-            r2 = S.sum(axis=2)
-        else:  # differences, not the expanded form: its cancellation would be amplified here
-            r2 = cdist(X, Z, "sqeuclidean") / np.square(ell)
-            S = r2[:, :, None]
+        r2, S = self._scaled_sq_differences(X, Z)
         K, g = self._profile(np.sqrt(r2))
         # With r = ||x - z|| / l: dK/d log l_k = -k'(r) / r * s_k² = g(r) s_k² (s_k the
         # scaled difference in feature k; s² = r² for an isotropic l).
         return K, (g[:, :, None] * S)[:, :, :p]
+
+    def _scaled_sq_differences(self, X: Array, Z: Array) -> tuple[Array, Array]:
+        """``r²`` (n, m) and the squared scaled differences per lengthscale entry: (n, m, d)
+        for ARD, (n, m, 1) holding r² for an isotropic lengthscale."""
+        ell = self._lengthscale(X)
+        # differences first, then the lengthscale: scaling first rounds a far row's
+        # coordinates to its own magnitude, losing the digits of a small difference
+        if np.ndim(ell) == 1:
+            S = np.square((X[:, None, :] - Z[None, :, :]) / ell)
+            return S.sum(axis=2), S
+        # differences, not the expanded form: its cancellation would be amplified here
+        r2 = cdist(X, Z, "sqeuclidean") / np.square(ell)
+        return r2, r2[:, :, None]
 
     def _profile(self, r: Array) -> tuple[Array, Array]:
         """``k(r)`` and ``g(r) = -k'(r) / r`` (0 where r = 0 for the non-smooth kernels)."""
@@ -164,7 +173,7 @@ class Gaussian(Stationary):
         scikit-learn's ``length_scale_bounds``); ``"fixed"`` keeps it out of ``theta``.
     """
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
         K = self.half_neg_sqdist(X, Z)
         return fastexp.exp(K, out=K)
@@ -191,7 +200,7 @@ class Laplacian(Stationary):
         See :class:`Gaussian`.
     """
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
         R = _distance(self.half_neg_sqdist(X, Z, exact_near=True))
         np.negative(R, out=R)
@@ -221,9 +230,9 @@ class Matern(Stationary):
     """
 
     def __init__(self, lengthscale: float | Array = 1.0, nu: float = 1.5,
-                 lengthscale_bounds: Any = DEFAULT_BOUNDS) -> None:
+                 lengthscale_bounds: Any = DEFAULT_BOUNDS, **aliases: Any) -> None:
         self.nu = nu
-        super().__init__(lengthscale, lengthscale_bounds)
+        super().__init__(lengthscale, lengthscale_bounds, **aliases)
 
     def _profile(self, r: Array) -> tuple[Array, Array]:
         return _matern_profile(r, self.nu)
@@ -233,7 +242,7 @@ class Matern(Stationary):
         if self.nu not in _MATERN_NUS:
             raise ValueError(f"Matern: nu must be one of {_MATERN_NUS}; got {self.nu!r}.")
 
-    def __call__(self, X: Array, Z: Array | None = None) -> Array:
+    def _block(self, X: Array, Z: Array | None = None) -> Array:
         X, Z = as_pair(X, Z)
         R = _distance(self.half_neg_sqdist(X, Z, exact_near=True))
         if self.nu == 0.5:
