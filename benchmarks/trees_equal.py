@@ -101,27 +101,38 @@ def answers(tree: Path, folder: str) -> tuple[dict[str, np.ndarray], str]:
 
 
 def same_file(old_store: str, new_store: str, name: str) -> str:
-    """Whether two model files hold the same arrays and attributes (format aside)."""
-    import zarr
+    """Whether two model files hold the same arrays and attributes (format and version
+    aside), read with this tree's :func:`dkern.io.read_attrs` / ``open_array``."""
+    from dkern.io import open_array, read_attrs
 
-    old, new = (zarr.open_group(os.path.join(store, f"{name}.zarr"), mode="r")
-                for store in (old_store, new_store))
-    a, b = dict(old.attrs), dict(new.attrs)
+    urls = [os.path.join(store, f"{name}.zarr") for store in (old_store, new_store)]
+    a, b = (read_attrs(url) for url in urls)
     for attrs in (a, b):
         attrs.pop("format", None)
-        attrs.pop("dkern", None)  # the store pointer: paths and checksums of this write
+        attrs.pop("dkern_version", None)
     if a != b:
-        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        return f"attrs differ: {keys}"
-    from dkern.io import open_array
-
+        return "differ: " + ", ".join(_differences(a, b))
     names = sorted(a.get("arrays", []))
-    if names != sorted(b.get("arrays", [])):
-        return f"arrays differ: {names} vs {sorted(b.get('arrays', []))}"
-    urls = [os.path.join(store, f"{name}.zarr") for store in (old_store, new_store)]
     worst = max((_relative(*(np.asarray(open_array(u, n)) for u in urls)) for n in names),
                 default=0.0)
     return f"same ({len(names)} arrays, largest difference {worst:.1e})"
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The attribute paths whose values differ (one level into dicts), with both values
+    where they are short."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key, "(absent)"), b.get(key, "(absent)")
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict) and not prefix:
+            out += _differences(x, y, f"{key}.")
+        elif len(repr(x)) + len(repr(y)) < 80:
+            out.append(f"`{prefix}{key}` {x!r} → {y!r}")
+        else:
+            out.append(f"`{prefix}{key}`")
+    return out
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
