@@ -2,6 +2,7 @@
 
     python benchmarks/toolbox_backends.py                      # 20,000 × 8 rows, both ways
     python benchmarks/toolbox_backends.py --n 100000 --no-write
+    python benchmarks/toolbox_backends.py --shared             # say other work shared the cores
 
 Training rows and query rows are in memory (chunks of ``--chunk`` rows), computed on
 dask's threaded scheduler; each pass runs once per backend on a small problem first
@@ -28,6 +29,8 @@ import dkern  # noqa: E402
 
 BANDWIDTH, K = 0.5, 10
 BACKENDS = ("numpy", "keops")
+SHARED = (" The host was shared with another process running tests on the same cores: "
+          "absolute times are noisy, the ratios (both backends alternating in one run) less so.")
 
 
 def passes(X: da.Array, t: np.ndarray, Q: np.ndarray) -> dict:
@@ -54,6 +57,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--shared", action="store_true",
+                        help="say in the section that other work shared the host's cores")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     X = rng.uniform(-2, 2, size=(args.n, 8))
@@ -79,8 +84,8 @@ def main() -> None:
     body = (f"## Toolbox per backend (`benchmarks/toolbox_backends.py`)\n\nMachine: "
             f"{machine()}.\n\n{args.n:,} training rows × 8 features in chunks of "
             f"{args.chunk:,}, {args.queries:,} query rows, bandwidth {BANDWIDTH}; dask's "
-            f"threaded scheduler; KeOps on CPU; best of {args.repeats}, formulas compiled "
-            f"beforehand.\n\n{table}\n")
+            f"threaded scheduler; no GPU: KeOps on CPU; best of {args.repeats}, alternating, "
+            f"formulas compiled beforehand.{SHARED if args.shared else ''}\n\n{table}\n")
     print(body)
     if not args.no_write:
         update_section(f"toolbox-backends-{args.n}", body)
