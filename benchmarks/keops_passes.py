@@ -97,7 +97,8 @@ def passes(X: da.Array, y: np.ndarray, Z: np.ndarray, R: da.Array, M: int, Xs: d
             "Nyström preconditioner, uniform": preconditioner("uniform"),
             "Nyström preconditioner, RPCholesky": preconditioner("rpcholesky"),
             f"KernelRidge(solver='cg', tol={TOL:g}) fit (n_solve rows)": krr_cg,
-            f"KernelRidge(solver='nystrom', M) fit (Falkon, tol={TOL:g}; K_nm cached)":
+            f"KernelRidge(solver='nystrom', M) fit (Falkon, tol={TOL:g}; numpy caches K_nm, "
+            "keops recomputes it)":
                 krr_falkon,
             f"dkern.solvers.falkon(cache_bytes=0) (tol={TOL:g})": falkon_uncached,
             "GP solver='cg', variance='cg': fit + predict(return_std) (n_solve rows)":
@@ -189,8 +190,8 @@ def main() -> None:
             "diff: largest |keops − numpy| over the largest |numpy|. KeOps reductions: those "
             "of the last keops run (the numpy runs had none). The exact GP's variance has no "
             "backend path (dense Cholesky and `kernel(X, x*)`), so it is not here. Falkon "
-            "through KernelRidge caches K_nm as dense blocks (numpy's under both backends: "
-            "no KeOps reduction); `cache_bytes=0` recomputes it through the backend.\n\n"
+            "through KernelRidge: numpy caches K_nm as dense blocks when they fit, KeOps "
+            "recomputes it in every pass; `cache_bytes=0` makes numpy recompute it too.\n\n"
             + markdown_table(["pass", "numpy s", "keops s", "keops/numpy", "diff",
                               "KeOps reductions"], rows))
     print(body)
