@@ -31,6 +31,7 @@ from ._validation import (
     check_X,
     check_y,
     checked_kernel,
+    refuse_white,
 )
 from .posteriors import (
     CGPosterior,
@@ -216,6 +217,10 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         yv = check_y(y, Xv.shape[0], type(self).__name__)
         solver = self._resolve_solver(solver, Xv.shape[0])
         alpha = check_alpha(self.alpha, solver)
+        if solver != "exact":  # the exact factor alone forms k(X), with White's noise
+            refuse_white(kernel, f"KernelRidge(solver={solver!r})",
+                         "Use solver='exact', or remove the White term "
+                         "(kernel.without_white()) and add its noise level to alpha.")
         for stale in ("X_fit_", "centers_"):
             self.__dict__.pop(stale, None)
         self.kernel_ = kernel
