@@ -269,12 +269,12 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         solver, variance, alpha = _gp_methods.resolve(solver, variance, self.n_centers,
                                                       Xv.shape[0], self.alpha,
                                                       exact_max_n=EXACT_MAX_N)
-        if solver != "exact" or variance != "exact":
-            # only the dense factor forms k(X) with White's noise on its diagonal; the
-            # lazy operators' blocks k(x, z) would silently leave it out
+        if {solver, variance} - {"exact", "nystrom"}:
+            # the dense factor forms k(X), with White's noise on its diagonal, and SGPR adds
+            # it to its σ²; the CG / Lanczos operators' blocks k(x, z) would leave it out
             refuse_white(kernel, f"GaussianProcessRegressor(solver={solver!r}, variance="
                          f"{variance!r})", "Use solver='exact' and variance='exact' "
-                         f"(n <= {EXACT_MAX_N}), or remove the White term "
+                         f"(n <= {EXACT_MAX_N}) or solver='nystrom', or remove the White term "
                          "(kernel.without_white()) and pass its noise level as alpha.")
         for stale in ("L_", "centers_"):
             self.__dict__.pop(stale, None)
