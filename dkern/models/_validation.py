@@ -262,7 +262,7 @@ def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
     """
     if kernel is None:
         return default
-    if type(kernel).__module__.startswith("sklearn.gaussian_process"):
+    if is_sklearn_kernel(kernel):
         converted = from_sklearn(kernel)
         logger.info("kernel: converted the scikit-learn kernel %r to the dkern kernel %r",
                     kernel, converted)
@@ -271,6 +271,11 @@ def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
         raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
                         f"a scikit-learn kernel object, or None; got {type(kernel).__name__}.")
     return kernel
+
+
+def is_sklearn_kernel(kernel: Any) -> bool:
+    """Whether ``kernel`` is a scikit-learn ``sklearn.gaussian_process.kernels`` object."""
+    return type(kernel).__module__.startswith("sklearn.gaussian_process")
 
 
 def refuse_white(kernel: Kernel, owner: str, fix: str) -> Kernel:
