@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_diabetes, load_linnerud, load_wine
 from sklearn.gaussian_process import GaussianProcessRegressor as SkGPR
-from sklearn.gaussian_process.kernels import RBF
+from sklearn.gaussian_process.kernels import RBF, WhiteKernel
 from sklearn.gaussian_process.kernels import ConstantKernel as SkC
-from sklearn.gaussian_process.kernels import WhiteKernel
 from sklearn.kernel_ridge import KernelRidge as SkKRR
 from sklearn.preprocessing import StandardScaler
 
@@ -57,6 +56,9 @@ def sk_kernel(d):
     return SkC(1.0) * RBF(np.ones(d)) + WhiteKernel(1.0)
 
 
+@pytest.mark.filterwarnings("ignore:.*(upper bound|close to the specified):"
+                            "sklearn.exceptions.ConvergenceWarning",
+                            "ignore:.*upper bound:dkern.errors.ConvergenceWarning")
 @pytest.mark.parametrize("data", [diabetes, wine, linnerud])
 def test_learned_noise_reaches_sklearn_and_predicts_as_it_does(data):
     X, y = data()
@@ -175,9 +177,7 @@ def test_sgpr_learns_the_noise():
     assert model.log_marginal_likelihood_value_ > start + 10
     noise = model.kernel_.white_noise()
     assert 0.2 < noise < 1.0 and noise != 0.5
-    latent = GaussianProcessRegressor(model.kernel_.without_white(), alpha=1e-6 + noise,
-                                      solver="nystrom", optimizer=None)
-    latent.fit(X, y)  # not random_state=0's centres, so compare only the std's floor
+    # the predictive variance includes the noise, as scikit-learn's kernel_.diag(X*)
     assert np.all(model.predict(X[:5], return_std=True)[1] ** 2 >= noise)
 
 

@@ -65,7 +65,9 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         Default ``Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
         constant_bounds="fixed")``: scikit-learn's default ``1.0 * RBF(1.0)``, nothing to
         learn. The learnable hyperparameters are the kernel's ``theta`` (see
-        ``kernel.bounds``).
+        ``kernel.bounds``). A scikit-learn kernel object is converted by
+        :func:`dkern.kernels.from_sklearn` (logged). A :class:`~dkern.kernels.White` term
+        is refused: the Laplace engine forms only blocks ``k(x, z)``, where it is zero.
     optimizer : "lbfgs" (or "fmin_l_bfgs_b"), callable or None, default="lbfgs"
         Maximises the Laplace log marginal likelihood (see
         ``log_marginal_likelihood``) over ``theta`` within ``kernel.bounds``: L-BFGS-B in

@@ -58,8 +58,10 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    kernel : dkern kernel, optional
-        Default ``Gaussian(1.0)``.
+    kernel : dkern kernel or scikit-learn kernel, optional
+        Default ``Gaussian(1.0)``; a scikit-learn kernel object is converted by
+        :func:`dkern.kernels.from_sklearn` (logged). A :class:`~dkern.kernels.White` term
+        is refused: the logistic likelihood has no noise variance to learn.
     alpha : float, default=1.0
         Weight of the penalty ``α/2 βᵀKβ``; > 0.
     solver : {"newton-cg", "gd"}, default="newton-cg"

@@ -75,10 +75,15 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
 
     Parameters
     ----------
-    kernel : dkern kernel, optional
+    kernel : dkern kernel or scikit-learn kernel, optional
         Default ``Gaussian(1.0)``. Tune nested parameters as ``kernel__lengthscale``
         (pass a kernel explicitly for that). ``Gaussian(l)`` is scikit-learn's
-        ``"rbf"`` with ``gamma = 1 / (2 l²)``.
+        ``"rbf"`` with ``gamma = 1 / (2 l²)``. A scikit-learn kernel object is converted
+        by :func:`dkern.kernels.from_sklearn` (logged). A :class:`~dkern.kernels.White`
+        term's noise joins the diagonal, ``(K + (alpha + noise) I) c = y``, as in the GP
+        regressor (scikit-learn's ``KernelRidge`` drops a ``WhiteKernel``: its
+        ``pairwise_kernels`` passes ``Y = X``); only ``solver="exact"`` takes it, the
+        others refuse it.
     alpha : float, default=1.0
         Ridge penalty; > 0 (``>= 0`` for ``solver="exact"``).
     solver : {"auto", "exact", "cg", "nystrom", "gd"}, default="auto"
