@@ -42,6 +42,11 @@ def diabetes():
     return _scaled(*load_diabetes(return_X_y=True))  # (442, 10), disease progression
 
 
+def diabetes_200():
+    X, y = diabetes()
+    return X[:200], y[:200]
+
+
 def wine():
     X = load_wine().data  # (178, 13): alcohol predicted from the 12 other measurements
     return _scaled(X[:, 1:], X[:, 0])
@@ -59,7 +64,8 @@ def sk_kernel(d):
 @pytest.mark.filterwarnings("ignore:.*(upper bound|close to the specified):"
                             "sklearn.exceptions.ConvergenceWarning",
                             "ignore:.*upper bound:dkern.errors.ConvergenceWarning")
-@pytest.mark.parametrize("data", [diabetes, wine, linnerud])
+@pytest.mark.parametrize("data", [diabetes_200, wine, linnerud,
+                                  pytest.param(diabetes, marks=pytest.mark.slow)])
 def test_learned_noise_reaches_sklearn_and_predicts_as_it_does(data):
     X, y = data()
     kernel = sk_kernel(X.shape[1])
