@@ -331,9 +331,12 @@ def test_bad_parameters_named(param, value, message):
         GaussianProcessClassifier(**{param: value}).fit(X_SMALL, Y_SMALL)
 
 
-def test_kernel_must_be_a_dkern_kernel():
-    with pytest.raises(TypeError, match="kernel must be a dkern kernel"):
-        GaussianProcessClassifier(RBF(1.0)).fit(X_SMALL, Y_SMALL)
+def test_kernel_must_be_a_kernel_object():
+    with pytest.raises(TypeError, match="kernel must be a dkern kernel .* got str"):
+        GaussianProcessClassifier("rbf").fit(X_SMALL, Y_SMALL)
+    # a scikit-learn kernel object is converted (tests/test_white_models.py)
+    model = GaussianProcessClassifier(RBF(1.0), optimizer=None).fit(X_SMALL, Y_SMALL)
+    assert model.kernel_ == Gaussian(1.0)
 
 
 def test_exact_above_its_limit_refused(monkeypatch):

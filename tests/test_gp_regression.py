@@ -537,9 +537,12 @@ def test_exact_beyond_the_dense_limit_is_refused(monkeypatch):
         our_gp().fit(X_TRAIN[:50], Y_TRAIN[:50])  # auto -> cg, but the optimizer needs exact
 
 
-def test_kernel_must_be_a_dkern_kernel():
-    with pytest.raises(TypeError, match="kernel must be a dkern kernel"):
-        GaussianProcessRegressor(RBF(1.0)).fit(X_TRAIN[:10], Y_TRAIN[:10])
+def test_kernel_must_be_a_kernel_object():
+    with pytest.raises(TypeError, match="kernel must be a dkern kernel .* got str"):
+        GaussianProcessRegressor("rbf").fit(X_TRAIN[:10], Y_TRAIN[:10])
+    # a scikit-learn kernel object is converted (tests/test_white_models.py)
+    model = GaussianProcessRegressor(RBF(1.0), optimizer=None).fit(X_TRAIN[:10], Y_TRAIN[:10])
+    assert model.kernel_ == Gaussian(1.0)
 
 
 @parametrize_with_checks([

@@ -37,6 +37,10 @@ def smoothing_kernel(kernel: Any, *, any_kernel: bool) -> tuple[Kernel | None, b
     """
     if isinstance(kernel, str) and kernel in NAMED_KERNELS:
         return (None, True) if kernel == "box" else (Gaussian(1.0), False)
+    if isinstance(kernel, Kernel) and kernel.has_white:
+        # White's weights k(x*, x_i) are zero: a smoother would silently drop the term
+        raise ValueError(f"kernel {kernel!r} holds a White noise term, which has no weight "
+                         "between distinct points; remove it (kernel.without_white()).")
     if isinstance(kernel, Kernel) and (any_kernel or type(kernel) is Gaussian):
         return kernel, False
     allowed = "'gaussian', 'box' or a dkern kernel with non-negative values" if any_kernel \

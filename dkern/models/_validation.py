@@ -8,6 +8,7 @@ loading them.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from numbers import Integral, Real
@@ -29,7 +30,9 @@ from ..io import (
     path_within,
     store_location,
 )
-from ..kernels import Kernel
+from ..kernels import Kernel, from_sklearn
+
+logger = logging.getLogger(__name__)
 
 
 def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
@@ -250,10 +253,39 @@ def legacy_seed(random_state: Any) -> Any:
 
 
 def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
-    """``kernel``, or ``default`` for None; TypeError naming the fix for anything else."""
+    """``kernel``, or ``default`` for None; TypeError naming the fix for anything else.
+
+    A scikit-learn kernel object (``sklearn.gaussian_process.kernels``) is converted by
+    :func:`dkern.kernels.from_sklearn`, with one INFO log line; the estimator's ``kernel``
+    parameter keeps the object as given (scikit-learn's contract: ``fit`` does not modify
+    parameters), and the converted kernel is the one ``kernel_`` holds.
+    """
     if kernel is None:
         return default
+    if is_sklearn_kernel(kernel):
+        converted = from_sklearn(kernel)
+        logger.info("kernel: converted the scikit-learn kernel %r to the dkern kernel %r",
+                    kernel, converted)
+        return converted
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0), "
-                        f"or None; got {type(kernel).__name__}.")
+                        f"a scikit-learn kernel object, or None; got {type(kernel).__name__}.")
+    return kernel
+
+
+def is_sklearn_kernel(kernel: Any) -> bool:
+    """Whether ``kernel`` is a scikit-learn ``sklearn.gaussian_process.kernels`` object."""
+    return type(kernel).__module__.startswith("sklearn.gaussian_process")
+
+
+def refuse_white(kernel: Kernel, owner: str, fix: str) -> Kernel:
+    """``kernel`` if it holds no :class:`~dkern.kernels.White` term, else a ValueError.
+
+    White's blocks ``k(x, z)`` are zero (see :mod:`dkern.kernels.base`), so a model that
+    does not add ``kernel.white_noise()`` to its diagonal itself would ignore the noise
+    silently; such models refuse it instead, naming ``fix``.
+    """
+    if kernel.has_white:
+        raise ValueError(f"{owner} does not support White noise terms; got kernel {kernel!r} "
+                         f"(noise level {kernel.white_noise():.6g}). {fix}")
     return kernel

@@ -41,6 +41,7 @@ from ._validation import (
     check_y,
     checked_kernel,
     fixed_seed,
+    refuse_white,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
 from .posteriors import (
@@ -77,16 +78,23 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
 
     Parameters
     ----------
-    kernel : dkern kernel, optional
+    kernel : dkern kernel or scikit-learn kernel, optional
         Default ``Scaled(1.0, Gaussian(1.0))``, both hyperparameters learnable within
         (1e-5, 1e5): scikit-learn's ``C() * RBF()`` (since 1.9; fixed before), learned
         unless ``optimizer=None`` (needed above ``EXACT_MAX_N`` rows with
         ``solver="exact"``/``"cg"``: see ``optimizer``). The learnable hyperparameters are
         the kernel's ``theta`` (lengthscales, ARD included, and the constant ``c`` of
-        ``c * k``; see ``kernel.bounds``).
+        ``c * k``; see ``kernel.bounds``). A scikit-learn kernel object is converted by
+        :func:`dkern.kernels.from_sklearn` (logged); ``kernel_`` holds the dkern kernel.
+        A :class:`~dkern.kernels.White` term is noise as scikit-learn's ``WhiteKernel``:
+        the training system is ``K + (alpha + noise) I``, the cross-covariances hold no
+        noise, the predictive std includes it (``kernel_.diag``), and its level is
+        learned with the rest of ``theta``. Supported by ``solver="exact"`` with
+        ``variance="exact"`` and by ``solver="nystrom"`` (SGPR's σ² is
+        ``alpha + noise``); ``"cg"`` and ``variance="cg"``/``"lanczos"`` refuse it.
     alpha : float, default=1e-10
         Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 otherwise.
-        Never learned (as in scikit-learn): the optimizer tunes the kernel only.
+        Never learned (as in scikit-learn): to learn the noise, add a ``White`` term.
     solver : {"auto", "exact", "cg", "nystrom"}, default="auto"
         How ``C a = t`` is solved. ``"exact"``: dense Cholesky, O(n³) time and n² memory
         (n <= ``dkern.solvers.EXACT_MAX_N``). ``"cg"``: block CG on the lazy
@@ -268,6 +276,13 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         solver, variance, alpha = _gp_methods.resolve(solver, variance, self.n_centers,
                                                       Xv.shape[0], self.alpha,
                                                       exact_max_n=EXACT_MAX_N)
+        if {solver, variance} - {"exact", "nystrom"}:
+            # the dense factor forms k(X), with White's noise on its diagonal, and SGPR adds
+            # it to its σ²; the CG / Lanczos operators' blocks k(x, z) would leave it out
+            refuse_white(kernel, f"GaussianProcessRegressor(solver={solver!r}, variance="
+                         f"{variance!r})", "Use solver='exact' and variance='exact' "
+                         f"(n <= {EXACT_MAX_N}) or solver='nystrom', or remove the White term "
+                         "(kernel.without_white()) and pass its noise level as alpha.")
         for stale in ("L_", "centers_"):
             self.__dict__.pop(stale, None)
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or

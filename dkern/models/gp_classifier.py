@@ -29,6 +29,7 @@ from ._validation import (
     checked_kernel,
     in_memory,
     legacy_seed,
+    refuse_white,
 )
 from .labels import one_vs_rest_targets
 from .logistic import dense_factor
@@ -64,7 +65,9 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         Default ``Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
         constant_bounds="fixed")``: scikit-learn's default ``1.0 * RBF(1.0)``, nothing to
         learn. The learnable hyperparameters are the kernel's ``theta`` (see
-        ``kernel.bounds``).
+        ``kernel.bounds``). A scikit-learn kernel object is converted by
+        :func:`dkern.kernels.from_sklearn` (logged). A :class:`~dkern.kernels.White` term
+        is refused: the Laplace engine forms only blocks ``k(x, z)``, where it is zero.
     optimizer : "lbfgs" (or "fmin_l_bfgs_b"), callable or None, default="lbfgs"
         Maximises the Laplace log marginal likelihood (see
         ``log_marginal_likelihood``) over ``theta`` within ``kernel.bounds``: L-BFGS-B in
@@ -327,9 +330,15 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
             raise ValueError(f"max_iter_predict must be an integer >= 1 (Newton steps), e.g. 100; "
                              f"got {steps!r}.")
-        return checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
+        kernel = checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
             self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
                                 constant_bounds="fixed"))
+        # dkern's Laplace engine forms only blocks k(x, z), where White is zero: refused
+        # rather than ignored (scikit-learn's classifier would add it to the latent prior)
+        return refuse_white(kernel, "GaussianProcessClassifier",
+                            "The Laplace approximation here uses the latent kernel's blocks "
+                            "only; remove the White term (kernel.without_white()), or add a "
+                            "small jitter through the kernel's own parameters instead.")
 
     def _check_classes(self) -> None:
         name = type(self).__name__

@@ -28,6 +28,7 @@ from ._validation import (
     check_tol,
     check_X,
     checked_kernel,
+    refuse_white,
 )
 from .labels import one_vs_rest_targets
 from .logistic import sigmoid
@@ -57,8 +58,10 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    kernel : dkern kernel, optional
-        Default ``Gaussian(1.0)``.
+    kernel : dkern kernel or scikit-learn kernel, optional
+        Default ``Gaussian(1.0)``; a scikit-learn kernel object is converted by
+        :func:`dkern.kernels.from_sklearn` (logged). A :class:`~dkern.kernels.White` term
+        is refused: the logistic likelihood has no noise variance to learn.
     alpha : float, default=1.0
         Weight of the penalty ``α/2 βᵀKβ``; > 0.
     solver : {"newton-cg", "gd"}, default="newton-cg"
@@ -138,7 +141,10 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        kernel = checked_kernel(self.kernel, Gaussian(1.0))
+        kernel = refuse_white(
+            checked_kernel(self.kernel, Gaussian(1.0)), "KernelLogisticRegression",
+            "The logistic likelihood has no noise variance to learn; remove the White term "
+            "(kernel.without_white()).")
         solver = check_choice(self.solver, "solver", SOLVERS)
         alpha = check_alpha(self.alpha, solver, role="the weight of the penalty α/2 βᵀKβ")
         tol = check_tol(self.tol)

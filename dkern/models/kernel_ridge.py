@@ -31,6 +31,7 @@ from ._validation import (
     check_X,
     check_y,
     checked_kernel,
+    refuse_white,
 )
 from .posteriors import (
     CGPosterior,
@@ -74,10 +75,15 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
 
     Parameters
     ----------
-    kernel : dkern kernel, optional
+    kernel : dkern kernel or scikit-learn kernel, optional
         Default ``Gaussian(1.0)``. Tune nested parameters as ``kernel__lengthscale``
         (pass a kernel explicitly for that). ``Gaussian(l)`` is scikit-learn's
-        ``"rbf"`` with ``gamma = 1 / (2 l²)``.
+        ``"rbf"`` with ``gamma = 1 / (2 l²)``. A scikit-learn kernel object is converted
+        by :func:`dkern.kernels.from_sklearn` (logged). A :class:`~dkern.kernels.White`
+        term's noise joins the diagonal, ``(K + (alpha + noise) I) c = y``, as in the GP
+        regressor (scikit-learn's ``KernelRidge`` drops a ``WhiteKernel``: its
+        ``pairwise_kernels`` passes ``Y = X``); only ``solver="exact"`` takes it, the
+        others refuse it.
     alpha : float, default=1.0
         Ridge penalty; > 0 (``>= 0`` for ``solver="exact"``).
     solver : {"auto", "exact", "cg", "nystrom", "gd"}, default="auto"
@@ -216,6 +222,10 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         yv = check_y(y, Xv.shape[0], type(self).__name__)
         solver = self._resolve_solver(solver, Xv.shape[0])
         alpha = check_alpha(self.alpha, solver)
+        if solver != "exact":  # the exact factor alone forms k(X), with White's noise
+            refuse_white(kernel, f"KernelRidge(solver={solver!r})",
+                         "Use solver='exact', or remove the White term "
+                         "(kernel.without_white()) and add its noise level to alpha.")
         for stale in ("X_fit_", "centers_"):
             self.__dict__.pop(stale, None)
         self.kernel_ = kernel

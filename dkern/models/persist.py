@@ -56,10 +56,10 @@ from sklearn.utils.validation import check_is_fitted
 from .._version import __version__
 from ..errors import DkernError, StoreError
 from ..io import open_array, read_attrs, write_arrays
-from ..kernels import Kernel, from_repr
+from ..kernels import Kernel, from_repr, from_sklearn
 from ._file_checks import MODEL_FORMAT, checked_model_file
 from ._model_file import ModelFile, decode_scalars, encode_scalars
-from ._validation import existing_arrays
+from ._validation import existing_arrays, is_sklearn_kernel
 from .density import KernelDensity
 from .gaussian_process import GaussianProcessRegressor
 from .gp_classifier import GaussianProcessClassifier
@@ -134,7 +134,8 @@ def _kernel_and_params(model: Model, stored: str) -> dict[str, Any]:
     if stored == "given":  # a parameter: a dkern kernel's repr, or a name kept in "params"
         params = model.get_params(deep=False)
         kernel = params.get("kernel")
-        text = _kernel_text(params.pop("kernel")) if isinstance(kernel, Kernel) else None
+        text = _kernel_text(params.pop("kernel")) \
+            if isinstance(kernel, Kernel) or is_sklearn_kernel(kernel) else None
         return {"kernel": text, "kernel_is_default": False, "params": params}
     fitted_text = _fitted_kernel_text(model.kernel_)
     attrs: dict[str, Any] = {"kernel": fitted_text, "kernel_is_default": model.kernel is None,
@@ -210,7 +211,14 @@ def _fitted_kernel_text(kernel: Kernel | list[Kernel]) -> str | list[str]:
 
 
 def _kernel_text(kernel: Kernel) -> str:
-    """``repr(kernel)``, after checking that ``from_repr`` rebuilds an equal kernel."""
+    """``repr(kernel)``, after checking that ``from_repr`` rebuilds an equal kernel.
+
+    A scikit-learn kernel given as the ``kernel`` parameter is stored as its dkern
+    equivalent (:func:`dkern.kernels.from_sklearn`), which the loaded model's parameter
+    then holds: a model file never pickles.
+    """
+    if is_sklearn_kernel(kernel):
+        kernel = from_sklearn(kernel)
     text = repr(kernel)
     try:
         same = from_repr(text) == kernel

@@ -35,6 +35,12 @@ a latent variance in ``[0, k(x*, x*)]`` (``‖a_B‖ <= ‖a‖`` since B ≽ I)
 terms are clipped for rounding. With Z = X both equal the exact GP's.
 Several targets (y of shape (n, t)) share the kernel: F is the sum over columns,
 as scikit-learn sums its log marginal likelihood.
+
+A kernel with :class:`~dkern.kernels.White` terms (scikit-learn's ``WhiteKernel``) puts
+its noise in s: ``s = sigma2 + kernel.white_noise()`` (:func:`total_noise`), while
+``K_uu``, ``K_nu`` and the trace ``Σ k(xᵢ, xᵢ)`` are those of the noise-free kernel.
+The gradient in θ then includes ``∂F/∂s · ∂s/∂θ``, so the bound learns the noise; the
+predictive variance includes it, as scikit-learn's ``kernel_.diag(X*)`` does.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ class SGPRStatistics:
     yty : ndarray of shape (t,)
         ``yᵀy`` per target column.
     trace : float
-        ``Σᵢ k(xᵢ, xᵢ)``.
+        ``Σᵢ k(xᵢ, xᵢ)``, White noise excluded.
     n : int
         Training rows.
     jitter : float
@@ -134,6 +140,7 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
                            name="dkern-sgpr-statistics", kernel=kernel, tile=_whitening_rows(M))
     trace = GramOperator(kernel, Xd, None, concrete).diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
+    trace -= Xd.shape[0] * kernel.white_noise()  # tr K_nn of the noise-free kernel
     logger.info("SGPR statistics: %d rows, %d centres, %d target column(s)", Xd.shape[0], M, t)
     return SGPRStatistics(kernel, Z, L, _mirrored(sums[:, :M]), sums[:, M:], np.asarray(yty),
                           float(trace), int(Xd.shape[0]), jitter)
@@ -160,6 +167,12 @@ def _mirrored(lower: np.ndarray) -> np.ndarray:
     return tril + np.tril(tril, -1).T
 
 
+def total_noise(kernel: Kernel, sigma2: float) -> float:
+    """The noise variance ``s = sigma2 + kernel.white_noise()`` of the bound (module
+    docstring); ``sigma2`` must be > 0."""
+    return positive_number(sigma2, "sigma2", " (the noise variance)") + kernel.white_noise()
+
+
 def sgpr_bound(stats: SGPRStatistics, sigma2: float) -> float:
     """Titsias' collapsed bound ``F <= log p(y)`` (summed over target columns), from the sums.
 
@@ -167,13 +180,13 @@ def sgpr_bound(stats: SGPRStatistics, sigma2: float) -> float:
     ----------
     stats : SGPRStatistics
     sigma2 : float
-        Noise variance s > 0 (scikit-learn's ``alpha``).
+        Noise variance > 0 (scikit-learn's ``alpha``), added to the kernel's White noise.
 
     Returns
     -------
     float
     """
-    s = positive_number(sigma2, "sigma2", " (the noise variance)")
+    s = total_noise(stats.kernel, sigma2)
     LB, c = _noise_factor(stats, s)
     n, t = stats.n, stats.b.shape[1]
     return float(-0.5 * n * t * np.log(2 * np.pi * s) - t * np.log(np.diag(LB)).sum()
@@ -189,7 +202,7 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
     ----------
     stats : SGPRStatistics
     sigma2 : float
-        Noise variance s > 0.
+        Noise variance > 0, added to the kernel's White noise.
     X_test : array-like of shape (n*, d)
         numpy, dask, Zarr or ``(url, path)``.
     backend : {"auto", "numpy", "keops"}, default="auto"
@@ -200,9 +213,10 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
     mean : dask.array.Array of shape (n*,) or (n*, t), float64
         Shaped like the targets' columns.
     variance : dask.array.Array of shape (n*,), float64
-        Latent (σ² not included), in ``[0, k(x*, x*)]``.
+        Latent (sigma2 not included), in ``[0, k(x*, x*)]``; ``k(x*, x*)`` holds the
+        kernel's White noise, as scikit-learn's predictive variance does.
     """
-    s = positive_number(sigma2, "sigma2", " (the noise variance)")
+    s = total_noise(stats.kernel, sigma2)
     LB, c = _noise_factor(stats, s)
     Xt = data_rows(X_test, name="X_test")
     Z = stats.centers
@@ -225,9 +239,11 @@ def _noise_factor(stats: SGPRStatistics, s: float) -> tuple[np.ndarray, np.ndarr
 
 
 def _kuu_factor(kernel: Kernel, Z: np.ndarray, jitter: float) -> np.ndarray:
-    """Lower Cholesky factor of ``k(Z, Z) + jitter · mean(k(z, z)) · I``."""
+    """Lower Cholesky factor of ``k(Z, Z) + jitter · mean(k(z, z)) · I`` (White noise
+    excluded from both: its blocks are zero, and k(z, z) is taken without it)."""
     Kuu = kernel(Z, Z).astype(np.float64)
-    Kuu[np.diag_indices_from(Kuu)] += jitter * float(np.mean(kernel.diag(Z)))
+    Kuu[np.diag_indices_from(Kuu)] += jitter * (float(np.mean(kernel.diag(Z)))
+                                                - kernel.white_noise())
     try:
         return np.linalg.cholesky(Kuu)
     except np.linalg.LinAlgError:
@@ -279,7 +295,7 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
         The same data the statistics were computed from. In an optimiser loop pass X
         as a persisted dask array: numpy input is sent to the cluster on every call.
     sigma2 : float
-        Noise variance s > 0.
+        Noise variance > 0, added to the kernel's White noise.
     backend : {"auto", "numpy", "keops"}, default="auto"
         Whose ``sgpr_gradient`` blocks run (KeOps has no ∂k/∂θ form: numpy's, logged).
 
@@ -288,10 +304,12 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
     value : float
         The bound F, as :func:`sgpr_bound`.
     grad : ndarray of shape (p + 1,)
-        ``∂F/∂θ`` (p kernel log-hyperparameters) then ``∂F/∂ log σ²``.
+        ``∂F/∂θ`` (p kernel log-hyperparameters, White's noise through s included) then
+        ``∂F/∂ log s``.
     """
-    gradient, diag_gradient = stats.kernel.gradient, stats.kernel.diag_gradient
-    s = positive_number(sigma2, "sigma2", " (the noise variance)")
+    kernel = stats.kernel
+    gradient, diag_gradient = kernel.gradient, kernel.diag_gradient
+    s = total_noise(kernel, sigma2)
     Xd, Yd, Z = _inputs(stats.kernel, X, y, stats.centers)
     d = _derivatives(stats, s)
     p = np.shape(diag_gradient(Z[:1]))[1]
@@ -303,9 +321,13 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
     diag = da.map_blocks(_diag_gradient_block, Xd, chunks=(Xd.chunks[0], (p,)),
                          dtype=np.float64, meta=np.empty((0, 0)), diag_gradient=diag_gradient)
     per_centre, diag = dask.compute(per_centre, diag.sum(axis=0))
+    noise_gradient = kernel.white_noise_gradient()  # ∂s/∂θ; zeros without White
+    diag -= Xd.shape[0] * noise_gradient  # the trace is the noise-free kernel's
     grad = per_centre.sum(axis=0) - d["t"] / (2 * s) * diag + _kuu_term(stats, d["kuu"],
                                                                          gradient, diag_gradient)
-    return sgpr_bound(stats, s), np.append(grad, d["log_s"])
+    if kernel.has_white:
+        grad += d["log_s"] / s * noise_gradient  # ∂F/∂s · ∂s/∂θ
+    return sgpr_bound(stats, sigma2), np.append(grad, d["log_s"])
 
 
 def _tile_rows(M: int, p: int) -> int:
@@ -346,5 +368,6 @@ def _kuu_term(stats: SGPRStatistics, dF_dkuu: np.ndarray, gradient: Any,
     total = np.zeros(p)
     for i0 in range(0, len(Z), rows):
         total += np.einsum("nm,nmp->p", dF_dkuu[i0:i0 + rows], gradient(Z[i0:i0 + rows], Z))
-    jitter_share = stats.jitter * np.asarray(diag_gradient(Z)).mean(axis=0)
+    jitter_share = stats.jitter * (np.asarray(diag_gradient(Z)).mean(axis=0)
+                                   - stats.kernel.white_noise_gradient())
     return total + np.trace(dF_dkuu) * jitter_share

@@ -7,6 +7,10 @@ Rasmussen & Williams (2006), Alg. 2.1, with ``a = C⁻¹ y``::
     ln p(y | θ)        = -½ yᵀa - Σ ln L_ii - n/2 ln 2π                (line 7, per target)
     ∂ ln p / ∂θ_k      = ½ Σ_ij (a aᵀ - C⁻¹)_ij ∂K_ij/∂θ_k             (eq. 5.9)
 
+``K = k(X)`` holds the kernel's White noise on its diagonal (scikit-learn's
+``WhiteKernel``): the factor includes it, the mean's cross-covariances ``k(x*, X)`` do
+not, and the variance's ``k(x*, x*)`` (``kernel.diag``) does, as scikit-learn's.
+
 The factor is :func:`dkern.solvers.exact.cholesky_factor`, the one kernel ridge's exact
 solve uses too. The gradient is summed over row tiles of ∂K/∂θ (never an (n, n, p)
 array), and over the lower triangle only: both factors are symmetric.
@@ -116,7 +120,12 @@ def log_marginal_likelihood(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha:
         return -np.inf, np.zeros(p)
     W *= -y.shape[1]
     W += a @ a.T  # only the lower triangle of W is used below
-    return value, 0.5 * lower_contraction(kernel, X, W, p)
+    gradient = 0.5 * lower_contraction(kernel, X, W, p)
+    if kernel.has_white:
+        # White's noise sits on C's diagonal only (its blocks k(x_i, x_j) are zero): its
+        # term of eq. 5.9 is ½ trace(a aᵀ - C⁻¹) ∂noise/∂θ, summed over the targets
+        gradient += 0.5 * np.trace(W) * kernel.white_noise_gradient()
+    return value, gradient
 
 
 def _lml_from_factor(L: np.ndarray, y: np.ndarray, a: np.ndarray) -> float:

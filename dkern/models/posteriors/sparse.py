@@ -35,6 +35,7 @@ from ...solvers.sgpr import (
     sgpr_bound_gradient,
     sgpr_predict,
     sgpr_statistics,
+    total_noise,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ class SparsePosterior:
 
     def __init__(self, stats: SGPRStatistics, alpha: float, backend: str = "auto") -> None:
         self.stats, self.alpha, self.backend = stats, alpha, backend
-        LB, c = _noise_factor(stats, alpha)
+        #: the bound's noise s: alpha plus the kernel's White noise (dkern.solvers.sgpr)
+        self.noise = total_noise(stats.kernel, alpha)
+        LB, c = _noise_factor(stats, self.noise)
         inner = sla.solve_triangular(LB, c, lower=True, trans="T")
         #: ``w = L⁻ᵀ L_B⁻ᵀ c`` with ``mean(x*) = k(x*, Z) w``; shape (M, t)
         self.weights = sla.solve_triangular(stats.L, inner, lower=True, trans="T")
@@ -98,7 +101,7 @@ class SparsePosterior:
     def covariance(self, Xt: np.ndarray) -> np.ndarray:
         """Latent SGPR posterior covariance at Xt (m, d); shape (m, m), symmetric PSD."""
         stats = self.stats
-        LB, _ = _noise_factor(stats, self.alpha)
+        LB, _ = _noise_factor(stats, self.noise)
         A = sla.solve_triangular(stats.L, np.asarray(stats.kernel(stats.centers, Xt),
                                                      dtype=np.float64), lower=True)
         AB = sla.solve_triangular(LB, A, lower=True)
