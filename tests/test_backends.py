@@ -69,28 +69,30 @@ def test_auto_on_a_cpu_machine_is_numpy(monkeypatch):
     assert resolve_backend("auto") == "numpy"
 
 
-def _lock_is_free() -> bool:
-    """Whether another process could take dkern's KeOps compile lock right now."""
+def _lock_is_free(lock_file: str) -> bool:
+    """Whether another process could take the KeOps compile lock ``lock_file`` right now."""
     import subprocess
     import sys
-
-    from dkern.backends.keops_backend import LOCK_FILE
 
     probe = ("import fcntl, sys; f = open(sys.argv[1], 'a')\n"
              "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
              "except OSError: sys.exit(1)")
-    return subprocess.run([sys.executable, "-c", probe, LOCK_FILE]).returncode == 0
+    return subprocess.run([sys.executable, "-c", probe, lock_file]).returncode == 0
 
 
-def test_first_keops_call_of_a_formula_holds_the_machine_wide_lock():
-    from dkern.backends.keops_backend import _first_call_locked
+def test_first_keops_call_of_a_formula_holds_the_machine_wide_lock(monkeypatch, tmp_path):
+    from dkern.backends import keops_backend
 
+    # A private lock file: under pytest-xdist another worker's real first compile may
+    # hold the machine-wide one at any moment.
+    lock_file = str(tmp_path / "keops-compile.lock")
+    monkeypatch.setattr(keops_backend, "LOCK_FILE", lock_file)
     key = ("test-formula", 3, 1, "<f8")
-    with _first_call_locked(key):
-        assert not _lock_is_free()  # first call: other processes wait for the compile
-    assert _lock_is_free()
-    with _first_call_locked(key):
-        assert _lock_is_free()  # compiled here already: no lock, no serialisation
+    with keops_backend._first_call_locked(key):
+        assert not _lock_is_free(lock_file)  # first call: other processes wait for the compile
+    assert _lock_is_free(lock_file)
+    with keops_backend._first_call_locked(key):
+        assert _lock_is_free(lock_file)  # compiled here already: no lock, no serialisation
 
 
 # ------------------------------------------------------------------------- the block seam

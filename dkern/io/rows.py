@@ -263,7 +263,8 @@ def _finite_block(block: np.ndarray, label: str, max_abs: float | None, *,
             f"{label} contains NaN or infinity in rows [{start}, {stop}) "
             f"(first at row {start + int(np.argmax(bad))}). Drop or impute those rows."
         )
-    if max_abs is not None and (big := np.abs(rows) > max_abs).any():
+    # a float64 bound: cast to a float32 block's dtype it would overflow to inf (and warn)
+    if max_abs is not None and (big := np.abs(rows) > np.float64(max_abs)).any():
         row, col = np.unravel_index(int(np.argmax(big)), rows.shape)
         at = f"{start + int(row)}, {int(col)}" if block.ndim > 1 else f"{start + int(row)}"
         raise ValueError(
