@@ -3,7 +3,8 @@
 :func:`learned_exact_kernel` and :func:`learned_sparse_posterior` are the regressor's two
 ways (the classifier's Laplace evidence uses :func:`optimize` directly).
 
-The exact one (dense, n <= ``EXACT_MAX_N``) or the SGPR bound of the sparse GP; as
+The exact one (dense up to ``EXACT_MAX_N`` rows, estimated by CG above it) or the SGPR
+bound of the sparse GP; as
 scikit-learn's ``GaussianProcessRegressor``: L-BFGS-B in log space within the
 kernel's log-bounds, with the analytic gradient, from the kernel's own ``theta`` and
 then from ``n_restarts`` starts drawn uniformly in the log-bounds; the best run wins.
@@ -26,6 +27,7 @@ from ..kernels import Kernel
 from ..solvers import EXACT_MAX_N
 from ._validation import as_generator, in_memory, legacy_seed
 from .posteriors import SparsePosterior
+from .posteriors.evidence import estimated_log_marginal_likelihood
 from .posteriors.exact import log_marginal_likelihood
 from .posteriors.sparse import SparseBound, centers, training_data
 
@@ -35,6 +37,10 @@ Objective = Callable[..., Any]
 #: ``lml(kernel, eval_gradient) -> (value, gradient (p,))``; -inf where it does not exist.
 Likelihood = Callable[[Kernel, bool], tuple[float, np.ndarray]]
 
+
+#: Probe vectors of each estimated likelihood above ``EXACT_MAX_N`` (solver="cg"): its
+#: standard errors fall as 1/√probes, each probe one more CG right-hand side.
+EVIDENCE_PROBES = 16
 
 #: L-BFGS-B's names: dkern's, and scikit-learn's (its default) for code written for it.
 LBFGS_NAMES = ("lbfgs", "fmin_l_bfgs_b")
@@ -145,30 +151,59 @@ def _checked_result(result: Any, optimizer: Any, p: int) -> tuple[np.ndarray, fl
 
 
 def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimizer: Any,
-                         n_restarts: int, random_state: Any, default_kernel: bool
-                         ) -> tuple[Kernel, float]:
+                         n_restarts: int, random_state: Any, default_kernel: bool,
+                         solver: str = "exact", rank: int = 300, tol: float = 1e-8,
+                         backend: str = "auto") -> tuple[Kernel, float]:
     """The kernel maximising the exact ``ln p(y | θ)`` (Rasmussen & Williams, eq. 5.8) for
     X (n, d), y (n,) or (n, t), and that value; ``(kernel, nan)`` when nothing is learned
-    (no optimizer, or no free hyperparameter): the solve computes it where it can."""
+    (no optimizer, or no free hyperparameter): the solve computes it where it can.
+
+    Up to ``EXACT_MAX_N`` rows the likelihood is dense; above it, with ``solver="cg"``, it
+    is estimated (:func:`cg_estimated_likelihood`; ``rank`` and ``tol`` are CG's).
+    """
     n = X.shape[0]
     learn = optimizer is not None and len(kernel.theta) > 0
-    if learn and n > EXACT_MAX_N:
-        default = ("kernel=None is scikit-learn's C() * RBF(), whose hyperparameters are "
-                   "learned (since scikit-learn 1.9); ") if default_kernel else ""
-        raise ValueError(f"{default}learning hyperparameters (optimizer={optimizer!r}) uses "
-                         f"the exact log marginal likelihood, n <= {EXACT_MAX_N}; got n={n}. "
-                         "Learn them on a subsample and refit with optimizer=None, or "
-                         "maximise the sparse GP's bound with solver='nystrom'.")
     if not learn:
         return kernel, float("nan")
-    Xn, yn = in_memory(X), in_memory(y).reshape(n, -1)
+    rng = check_random_state(legacy_seed(random_state))
+    if n > EXACT_MAX_N:
+        if solver != "cg":
+            default = ("kernel=None is scikit-learn's C() * RBF(), whose hyperparameters are "
+                       "learned (since scikit-learn 1.9); ") if default_kernel else ""
+            raise ValueError(f"{default}learning hyperparameters (optimizer={optimizer!r}) "
+                             f"above n = {EXACT_MAX_N} needs solver='cg' (the likelihood "
+                             f"estimated by CG) or 'nystrom' (the sparse GP's bound); got "
+                             f"solver={solver!r} with n={n}.")
+        lml = cg_estimated_likelihood(X, y, alpha, rank=rank, tol=tol, backend=backend,
+                                      seed=int(rng.randint(2**31 - 1)))
+    else:
+        Xn, yn = in_memory(X), in_memory(y).reshape(n, -1)
+
+        def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
+            return log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
+
+    theta, value = optimize(kernel, lml, optimizer, n_restarts, rng)
+    return kernel.with_theta(theta), value
+
+
+def cg_estimated_likelihood(X: Any, y: Any, alpha: float, *, rank: int, tol: float,
+                            backend: str, seed: int) -> Likelihood:
+    """``ln p(y | θ)`` and its gradient estimated by one CG solve each
+    (:func:`~.posteriors.evidence.estimated_log_marginal_likelihood`), with
+    ``EVIDENCE_PROBES`` probes and the same ``seed`` at every θ, so that the optimizer
+    sees one deterministic function; each estimate and its standard errors are logged."""
+    Xd, Yd = training_data(X, y)  # numpy X is sent to the cluster once
 
     def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
-        return log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
+        estimate = estimated_log_marginal_likelihood(
+            k, Xd, Yd, alpha, eval_gradient=eval_gradient, n_probes=EVIDENCE_PROBES,
+            rank=rank, tol=tol, random_state=seed, backend=backend)
+        logger.info("estimated ln p(y | θ) = %.8g ± %.2g (%d CG steps); gradient's largest "
+                    "standard error %.2g", estimate.value, estimate.value_stderr,
+                    estimate.n_iter, estimate.gradient_stderr.max(initial=0.0))
+        return estimate.value, estimate.gradient
 
-    theta, value = optimize(kernel, lml, optimizer, n_restarts,
-                            check_random_state(legacy_seed(random_state)))
-    return kernel.with_theta(theta), value
+    return lml
 
 
 def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,

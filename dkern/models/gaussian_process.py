@@ -89,9 +89,9 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         A :class:`~dkern.kernels.White` term is noise as scikit-learn's ``WhiteKernel``:
         the training system is ``K + (alpha + noise) I``, the cross-covariances hold no
         noise, the predictive std includes it (``kernel_.diag``), and its level is
-        learned with the rest of ``theta``. Supported by ``solver="exact"`` with
-        ``variance="exact"`` and by ``solver="nystrom"`` (SGPR's σ² is
-        ``alpha + noise``); ``"cg"`` and ``variance="cg"``/``"lanczos"`` refuse it.
+        learned with the rest of ``theta``. Supported by ``solver="exact"``, ``"cg"``
+        (``alpha + noise`` on the lazy operator's diagonal) and ``"nystrom"`` (SGPR's σ²
+        is ``alpha + noise``); ``variance="lanczos"`` refuses it.
     alpha : float, default=1e-10
         Noise variance added to the diagonal; >= 0 for ``"exact"``, > 0 otherwise.
         Never learned (as in scikit-learn): to learn the noise, add a ``White`` term.
@@ -146,7 +146,10 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
     optimizer : "lbfgs" (or "fmin_l_bfgs_b"), callable or None, default="lbfgs"
         Maximises the log marginal likelihood over ``theta`` within ``kernel.bounds``
         (L-BFGS-B in log space with the analytic gradient): the exact one for
-        ``"exact"``/``"cg"`` (n <= ``EXACT_MAX_N``), the SGPR bound for ``"nystrom"``
+        ``"exact"``/``"cg"`` (dense up to ``EXACT_MAX_N`` rows; above it, with ``"cg"``,
+        estimated with its gradient from one CG solve per evaluation:
+        :mod:`dkern.models.posteriors.evidence`, the probes seeded by ``random_state``),
+        the SGPR bound for ``"nystrom"``
         (any n; each evaluation two passes over X, the centres fixed). A callable
         ``optimizer(obj_func, initial_theta, bounds) -> (theta, min_value)`` as
         scikit-learn's. None keeps the kernel's hyperparameters. A hyperparameter
@@ -189,7 +192,8 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
     log_marginal_likelihood_value_ : float
         ``ln p(t | θ)`` of ``kernel_``, exact, for n <= ``EXACT_MAX_N`` (``"exact"``
         reads it off its Cholesky factor; ``"cg"`` factors ``C`` densely once for it).
-        NaN above ``EXACT_MAX_N``, where it is not computed. For ``"nystrom"``: the
+        Above ``EXACT_MAX_N``: the CG estimate at ``kernel_`` when it was learned
+        (logged with its standard error), else NaN. For ``"nystrom"``: the
         SGPR bound F, a lower bound of the exact ``ln p(t | θ)`` (the gap is
         ``KL(q ‖ posterior)``), equal to it when every training row is a centre.
     solver_, variance_ : str
@@ -276,13 +280,13 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         solver, variance, alpha = _gp_methods.resolve(solver, variance, self.n_centers,
                                                       Xv.shape[0], self.alpha,
                                                       exact_max_n=EXACT_MAX_N)
-        if {solver, variance} - {"exact", "nystrom"}:
-            # the dense factor forms k(X), with White's noise on its diagonal, and SGPR adds
-            # it to its σ²; the CG / Lanczos operators' blocks k(x, z) would leave it out
-            refuse_white(kernel, f"GaussianProcessRegressor(solver={solver!r}, variance="
-                         f"{variance!r})", "Use solver='exact' and variance='exact' "
-                         f"(n <= {EXACT_MAX_N}) or solver='nystrom', or remove the White term "
-                         "(kernel.without_white()) and pass its noise level as alpha.")
+        if variance == "lanczos":
+            # the dense factor forms k(X) with White's noise on its diagonal, SGPR and CG add
+            # it to their diagonal shift; LOVE's basis would leave it out
+            refuse_white(kernel, "GaussianProcessRegressor(variance='lanczos')",
+                         "Use variance='cg' (or 'exact' up to n = "
+                         f"{EXACT_MAX_N}), or remove the White term (kernel.without_white()) "
+                         "and pass its noise level as alpha.")
         for stale in ("L_", "centers_"):
             self.__dict__.pop(stale, None)
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or
@@ -299,7 +303,8 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
             self.kernel_, self.log_marginal_likelihood_value_ = learned_exact_kernel(
                 kernel, Xw, yw, alpha, optimizer=self.optimizer,
                 n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
-                default_kernel=self.kernel is None)
+                default_kernel=self.kernel is None, solver=solver,
+                rank=self.preconditioner_rank, tol=tol, backend=self.backend)
             done = solve(solver, self.kernel_, Xw, yw, alpha,
                          lml=self.log_marginal_likelihood_value_,
                          rank=self.preconditioner_rank, pivot_seed=self._pivot_seed, tol=tol,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import dask.array as da
+import numpy as np
 
 from ..backends import block_backend, resolve_backend
 from ..kernels import Kernel, check_n_features
@@ -48,6 +49,29 @@ class GramOperator(Operator):
                                 over="cols", width=V.shape[1], name=self.task_name,
                                 labels=self.labels, kernel=self.kernel)
         return total.astype(self.dtype, copy=False)
+
+    def gradient_matvec(self, V: Any) -> da.Array:
+        """``∂K/∂θ_p V`` for every log-hyperparameter p (``kernel.theta``'s order), lazy.
+
+        One pass over the chunk pairs, as a matvec, with the backend's
+        ``kernel_grad_matvec`` block: each task holds a tile of the (tile, m_j, p)
+        derivative, never a whole ∂K.
+
+        Parameters
+        ----------
+        V : array-like of shape (m, t)
+
+        Returns
+        -------
+        dask.array.Array of shape (n, t, p), float64
+        """
+        Vd = V if isinstance(V, da.Array) else da.from_array(np.asarray(V))
+        Vd = Vd.rechunk((self.col_chunks, -1))
+        t, p = Vd.shape[1], len(self.kernel.theta)
+        total = pairwise_reduce(self.blocks.kernel_grad_matvec, self.X, self.Z, [(Vd, "cols")],
+                                over="cols", width=t * p, name="dkern-gram-grad-matvec",
+                                labels=self.labels, kernel=self.kernel)
+        return total.reshape(self.shape[0], t, p)
 
     def diag(self) -> da.Array:
         """``kernel(X[i], X[i])`` for a square operator; shape (n,)."""

@@ -231,8 +231,9 @@ def _split(blocks: tuple[Any, ...], n_data: int,
 def _typed(out: Any, dtype: np.dtype) -> np.ndarray:
     """A block's partial result as an (n, width) array of ``dtype``: cast to a plain
     dtype; packed, one record per row, into a structured one."""
-    if dtype.names is None:
-        return np.asarray(out, dtype=dtype)
+    if dtype.names is None:  # (n, a, b, ...) blocks flatten to (n, a·b·...)
+        out = np.asarray(out, dtype=dtype)
+        return out.reshape(len(out), -1) if out.ndim > 2 else out
     if isinstance(out, tuple):
         if len(out) != len(dtype.names):
             raise ValueError(f"a block of structured dtype {dtype} must return its "

@@ -70,12 +70,24 @@ Vectors = Any  # dask.array.Array or numpy.ndarray of shape (n, t)
 _VECTORS = ("X", "R", "P", "S")
 
 
+class Coefficients(NamedTuple):
+    """The recurrence of a preconditioned CG run, which is Lanczos' (Saad 2003, §6.7.3):
+    per column, the first ``γ₀ = r₀ᵀ M r₀`` and each step's ``α`` and ``β`` (0 where the
+    column did not move) give the tridiagonal ``T`` of ``M^{1/2} A M^{1/2}`` from
+    ``M^{1/2} r₀`` (:func:`dkern.solvers.slq.lanczos_tridiagonal`)."""
+
+    gamma0: np.ndarray  # (t,)
+    alpha: np.ndarray  # (k, t)
+    beta: np.ndarray  # (k, t); beta[i] formed direction i from direction i - 1
+
+
 class LoopResult(NamedTuple):
     x: Vectors
     n_iter: int
     residuals: np.ndarray
     converged: np.ndarray
     stalled: np.ndarray  # (t,): stopped at the attainable accuracy, above tol
+    coefficients: Coefficients | None = None  # None after resuming from a checkpoint
 
 
 class Scalars(NamedTuple):
@@ -194,6 +206,9 @@ class _LoopState:
         self.rel = np.full(self.bnorm.shape, np.inf)
         self.replaced: list[tuple[int, np.ndarray]] = []  # (iteration, true residual)
         self.history: list[np.ndarray] = []
+        # (α, β) of each step and the first γ: not checkpointed, so gone after a resume
+        self.steps: list[tuple[np.ndarray, np.ndarray]] | None = [] if saved is None else None
+        self.gamma0 = np.zeros_like(self.bnorm)
         self.k, self.since_refresh = 0, 0
         self.is_true, self.verify, self.replacing = True, False, False
         if saved is not None:
@@ -283,6 +298,10 @@ class _LoopState:
             P, S = dask.persist(P, S)
             (pAp,) = dask.compute(_dot(P, S))
         alpha = _step_length(s.gamma + beta * s.rp, pAp, active, self.k).astype(dtype)
+        if self.steps is not None:
+            if self.k == 0:
+                self.gamma0 = s.gamma.copy()
+            self.steps.append((alpha.astype(np.float64), beta))
         X, R = self.X + P * alpha, self.R - S * alpha
         self.X, self.R, self.P, self.S = dask.persist(X, R, P, S)
         self.gamma_old = np.where(active, s.gamma, self.gamma_old)
@@ -293,8 +312,14 @@ class _LoopState:
         if self.checkpoint is not None:
             self.checkpoint.complete(np.vstack(self.history), self._state())
         last = self.history[-1]
+        coefficients = None
+        if self.steps is not None:
+            t = len(self.bnorm)
+            alpha, beta = (np.array([step[i] for step in self.steps]).reshape(-1, t)
+                           for i in (0, 1))
+            coefficients = Coefficients(self.gamma0, alpha, beta)
         return LoopResult(self.X, self.k, np.vstack(self.history), last <= tol,
-                          self.stalled & (last > tol))
+                          self.stalled & (last > tol), coefficients)
 
 
 @worker_failures()  # a block that kills its workers is named, not a bare KilledWorker

@@ -20,7 +20,7 @@ from dask.base import tokenize
 
 from ..errors import ConvergenceWarning
 from ._checks import integer, positive_number, square_operator
-from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
+from ._iteration import Coefficients, LoopResult, block_cg_loop, progress_bar, stall_advice
 from .checkpoint import CHECKPOINT_EVERY, Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -60,12 +60,16 @@ class CGResult:
         row is the true residual, recomputed from x.
     converged : ndarray of bool, shape (t,)
         Whether each column reached ``tol`` (judged on the true residual).
+    coefficients : Coefficients or None
+        The recurrence's ``γ₀``, ``α``, ``β`` per column: the Lanczos tridiagonal of the
+        preconditioned operator (:mod:`dkern.solvers.slq`); None after a checkpoint resume.
     """
 
     x: da.Array
     n_iter: int
     residuals: np.ndarray
     converged: np.ndarray
+    coefficients: Coefficients | None = None
 
 
 def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditioner | None = None,
@@ -156,7 +160,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     logger.info("CG: %d iterations, largest relative residual %.3e", out.n_iter,
                 out.residuals[-1].max())
     x = out.x[:, 0] if one_column else out.x
-    return CGResult(x, out.n_iter, out.residuals, out.converged)
+    return CGResult(x, out.n_iter, out.residuals, out.converged, out.coefficients)
 
 
 def _fingerprint(A: Any, apply: Callable[[da.Array], da.Array], B: da.Array, X0: da.Array,

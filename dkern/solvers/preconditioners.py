@@ -122,7 +122,7 @@ class NystromPreconditioner:
         else:
             G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size, backend)
         self.alpha = float(alpha)
-        self.factor, self.core, self.rank = _woodbury(G, W, self.alpha)
+        self.factor, self.core, self.rank, self.scale = _woodbury(G, W, self.alpha)
         # sent to the cluster once: every apply's graph then names it instead of carrying
         # its r² floats (a large graph per CG iteration at ranks in the thousands)
         (self._core_blocks,) = dask.persist(da.from_array(self.core, chunks=self.core.shape))
@@ -134,6 +134,19 @@ class NystromPreconditioner:
         G = self.factor.rechunk((R.chunks[0], -1))
         small = da.dot(G.T, R.astype(np.float64))  # shape: (r, t), tree-summed over chunks
         return R + da.dot(G, self._core_blocks @ small).astype(R.dtype)
+
+    def logdet(self) -> float:
+        """``log det P``, exactly (n rows): P is I but on the factor's span, where its
+        eigenvalues are ``1 / (1 + c)`` for the eigenvalues c of C (in (-1, 0])."""
+        return float(-np.log1p(np.linalg.eigvalsh(self.core)).sum())
+
+    def sqrt_apply(self, G: da.Array) -> da.Array:
+        """``P^{1/2} G``; shape (n, t). ``√scale · P^{1/2} G`` for standard normal G are
+        samples of N(0, scale · P), a Gaussian close to N(0, K + alpha I)."""
+        c, V = np.linalg.eigh(self.core)
+        root = (V * (1.0 / np.sqrt(1.0 + c) - 1.0)) @ V.T  # P^{1/2} = I + Q root Qᵀ
+        Q = self.factor.rechunk((G.chunks[0], -1))
+        return G + da.dot(Q, da.from_array(root) @ da.dot(Q.T, G))
 
 
 def kernel_columns(kernel: Kernel, X: Any, Z: Any, *, backend: str) -> da.Array:
@@ -202,9 +215,10 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     return F, np.eye(F.shape[1])
 
 
-def _woodbury(G: da.Array, W: np.ndarray, alpha: float) -> tuple[da.Array, np.ndarray, int]:
+def _woodbury(G: da.Array, W: np.ndarray, alpha: float
+              ) -> tuple[da.Array, np.ndarray, int, float]:
     """Q (n, k; persisted, orthonormal), C (k, k) with ``P⁻¹ = I + Q C Qᵀ`` (FTU eq. 5.3),
-    and the rank kept.
+    the rank kept, and the scale ``λ_min + alpha`` (``K + alpha I ≈ scale · P``).
 
     F = G W is orthonormalised by a tall-skinny QR on the cluster, F = Q R, and
     ``F Fᵀ = Q (R Rᵀ) Qᵀ = (Q V) Λ (Q V)ᵀ``: U = Q V is orthonormal to working
@@ -218,8 +232,9 @@ def _woodbury(G: da.Array, W: np.ndarray, alpha: float) -> tuple[da.Array, np.nd
     lam, V = np.linalg.eigh(R @ R.T)  # F Fᵀ = Q V Λ Vᵀ Qᵀ
     keep = lam > EIG_CUTOFF * max(lam.max(), 0.0)
     lam, V = lam[keep], V[:, keep]
-    shrink = (lam.min() + alpha) / (lam + alpha) - 1.0 if keep.any() else lam
-    return Q, (V * shrink) @ V.T, int(keep.sum())  # shrink in (-1, 0]: P⁻¹ on U
+    scale = (lam.min() if keep.any() else 0.0) + alpha
+    shrink = scale / (lam + alpha) - 1.0
+    return Q, (V * shrink) @ V.T, int(keep.sum()), float(scale)  # shrink in (-1, 0]: P⁻¹ on U
 
 
 class FalkonPreconditioner:

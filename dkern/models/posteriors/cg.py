@@ -77,17 +77,25 @@ class CGPosterior(KernelExpansion):
         return posterior, result
 
     def operator(self) -> Any:
-        """The lazy ``C = K(X, X) + alpha I``, (n, n); alpha must be > 0 (a GP fitted by
-        ``solver="exact"`` with alpha = 0 has no CG variances)."""
+        """The lazy ``C = K(X, X) + (alpha + noise) I``, (n, n), with the noise of the
+        kernel's White terms (its blocks ``k(x, z)`` hold none); alpha must be > 0 (a GP
+        fitted by ``solver="exact"`` with alpha = 0 has no CG variances)."""
         check_alpha(self.alpha, "cg", role="the value added to K's diagonal", example="1e-6")
-        return gram(self.kernel, self.X, backend=self.backend, dtype=np.float64) + self.alpha
+        return gram(self.kernel.without_white(), self.X, backend=self.backend,
+                    dtype=np.float64) + self.shift
+
+    @property
+    def shift(self) -> float:
+        """C's diagonal shift: alpha plus the White terms' noise."""
+        return self.alpha + self.kernel.white_noise()
 
     def preconditioner(self) -> NystromPreconditioner:
         """The Nyström preconditioner of ``C``, built on first use (persisted on the
         cluster that builds it: :meth:`rebound` forgets it)."""
         if self._preconditioner is None:
+            # the noise-free kernel: its diagonal must be the blocks' (RPCholesky's pivots)
             self._preconditioner = NystromPreconditioner(
-                self.kernel, self.X, self.alpha, min(self.X.shape[0], self.rank),
+                self.kernel.without_white(), self.X, self.shift, min(self.X.shape[0], self.rank),
                 pivots="rpcholesky", random_state=as_generator(self.pivot_seed),
                 backend=self.backend)
         return self._preconditioner
