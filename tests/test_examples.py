@@ -33,8 +33,9 @@ def _gaussian(A, B, ell):
     return np.exp(-cdist(A, B, "sqeuclidean") / (2 * ell**2))
 
 
-def run_script(path, cwd, *args):
+def run_script(path, cwd, *args, extra_env=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's dkern, in every worker too
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, str(path), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -152,7 +153,13 @@ def test_mauna_loa_example_fits_the_record_and_saves_its_plot(tmp_path):
     from dkern.kernels import from_repr
 
     png = tmp_path / "plot.png"
-    result = run_script(ROOT / "examples" / "mauna_loa_co2.py", tmp_path, "--out", str(png))
+    # One BLAS thread: its matrices are 324 x 324, and when the cores are oversubscribed (CI
+    # runs two pytest processes on two cores) a BLAS pool's LAPACK calls, many small
+    # synchronised steps, stall: at load 7.5 on the 2-core host one 324 x 324 dpotri took
+    # 1.5 s with two threads against 4 ms with one, and this test 84 s against 23 s
+    single = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    result = run_script(ROOT / "examples" / "mauna_loa_co2.py", tmp_path, "--out", str(png),
+                        extra_env=single)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     image = matplotlib.image.imread(png)  # decodes the whole file: a valid PNG
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.shape == (450, 900, 4)
