@@ -3,10 +3,18 @@ the figures the reliability tests measure (written to benchmarks/reliability/, s
 of the test log)."""
 
 import json
+import os
 from pathlib import Path
 
 import dask
 import pytest
+from threadpoolctl import threadpool_limits
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One pytest process per core: a second BLAS thread in each oversubscribes the cores, and
+    # OpenBLAS' waiting threads then stall small factorisations (a 324 × 324 dpotri: 1,488 ms
+    # on two threads against 4 ms on one, benchmarks/RESULTS.md "Mauna Loa").
+    threadpool_limits(1, user_api="blas")
 
 #: Where the reliability tests' figures go: one JSON file per figure set, not tracked by git
 #: (benchmarks/RESULTS.md holds the recorded ones).
