@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 
 from ..backends import block_backend, resolve_backend
 from ..kernels import Kernel, check_n_features
 from .base import Operator, data_rows
+from .memory import fits_in_task
 from .pairwise import pairwise_map, pairwise_reduce, pairwise_rows
 
 
@@ -36,6 +38,7 @@ class GramOperator(Operator):
         self.task_name, self.labels = name, labels
         self.blocks = block_backend(backend)
         self.Z = X if Z is None else Z
+        self.cached: da.Array | None = None  # the kernel blocks, once cache_blocks() ran
         self.shape = (X.shape[0], self.Z.shape[0])
         self.dtype = X.dtype
         self.col_chunks = self.Z.chunks[0]
@@ -44,7 +47,23 @@ class GramOperator(Operator):
     def is_square(self) -> bool:
         return self.Z is self.X
 
+    def cache_blocks(self, max_bytes: int) -> bool:
+        """Compute the kernel values once and persist their blocks, if they take at most
+        ``max_bytes`` and one row chunk's blocks fit a task; return whether it cached.
+
+        Later products multiply the cached (n_i, m_j) blocks (memory-bound BLAS) instead
+        of evaluating the kernel again: worth it when many products follow (a CG solve with
+        many right-hand sides). The memory used is ``n · m · itemsize`` over the workers.
+        """
+        if self.shape[0] * self.shape[1] * self.dtype.itemsize > max_bytes or not fits_in_task(
+                self.X, max(self.col_chunks)):
+            return False
+        (self.cached,) = dask.persist(self.kernel_blocks())
+        return True
+
     def _matvec(self, V: da.Array) -> da.Array:
+        if self.cached is not None:
+            return da.dot(self.cached, V.astype(self.dtype, copy=False))
         total = pairwise_reduce(self.blocks.kernel_matvec, self.X, self.Z, [(V, "cols")],
                                 over="cols", width=V.shape[1], name=self.task_name,
                                 labels=self.labels, kernel=self.kernel)

@@ -10,13 +10,16 @@ RPCholesky Nyström preconditioner ``S`` gives ``u``, the log-determinant by sto
 Lanczos quadrature (:mod:`dkern.solvers.slq`, the preconditioner's own log det exact) and
 ``C⁻¹ z`` for s probes ``z ~ N(0, S)``; the traces are Hutchinson's
 ``tr(C⁻¹ ∂C) = E[(C⁻¹z)ᵀ ∂C (S⁻¹z)]`` (Gardner et al. 2018), their ``∂K`` products one
-more pass over the chunk pairs (:meth:`dkern.operators.gram.GramOperator.gradient_matvec`).
+more pass over the chunk pairs (:func:`dkern.operators.gradients.gram_gradient_products`).
 The data-fit term is CG's, to ``tol``; the log-determinant and trace terms carry the
-probes' standard errors, reported with the estimate. Nothing n × n is ever held.
+probes' standard errors, reported with the estimate. The kernel blocks are cached on the
+workers for the solve when they fit their persist budget (numpy backend), and recomputed at
+every step otherwise: nothing n × n is held beyond what the workers' memory allows.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +31,12 @@ import numpy as np
 from ...errors import NotPositiveDefiniteError
 from ...kernels import Kernel
 from ...operators import gram
+from ...operators.gradients import gram_gradient_products
+from ...operators.memory import persist_budget
 from ...solvers import NystromPreconditioner
 from ...solvers.slq import solve_with_logdet
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,12 @@ def estimated_log_marginal_likelihood(kernel: Kernel, X: Any, y: Any, alpha: flo
                          "use solver='exact'.")
     sigma2 = alpha + kernel.white_noise()
     p = len(kernel.theta)
-    A = gram(base, X, backend=backend, dtype=np.float64) + sigma2
+    K = gram(base, X, backend=backend, dtype=np.float64)
+    # (16 + t) columns times the CG steps: products of cached blocks beat evaluating the
+    # kernel at each step when K fits the workers (KeOps streams kernel values instead)
+    cached = K.backend == "numpy" and K.cache_blocks(persist_budget())
+    logger.debug("estimated LML: kernel blocks %s", "cached" if cached else "recomputed")
+    A = K + sigma2
     n = A.shape[0]
     Y = da.asarray(y).astype(np.float64).reshape(n, -1).rechunk((A.col_chunks, -1))
     t = Y.shape[1]
@@ -111,8 +123,8 @@ def estimated_log_marginal_likelihood(kernel: Kernel, X: Any, y: Any, alpha: flo
     if not eval_gradient:
         return EvidenceEstimate(value, value_stderr, np.zeros(p), np.zeros(p), solve.n_iter)
     # the full kernel's ∂K: White's derivative blocks are zero, its noise is on C's diagonal
-    D = gram(kernel, X, backend=backend, dtype=np.float64).gradient_matvec(
-        da.concatenate([U, solve.scaled_probes], axis=1))  # shape: (n, t + s, p)
+    D = gram_gradient_products(kernel, X, da.concatenate([U, solve.scaled_probes], axis=1),
+                               backend=backend, cached=K if cached else None)  # (n, t + s, p)
     quad, traces, uu, ws = dask.compute(
         da.einsum("nk,nkp->p", U, D[:, :t]), da.einsum("nj,njp->jp", W, D[:, t:]),
         (U * U).sum(), (W * solve.scaled_probes).sum(axis=0))

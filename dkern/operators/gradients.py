@@ -1,0 +1,109 @@
+"""``∂K/∂θ · V`` for every hyperparameter at once, from cached Gram blocks where that is exact.
+
+For ``K = c · Gaussian(ℓ)`` (ARD or not; plus White terms, whose blocks are zero)::
+
+    ∂K/∂log c = K,        ∂K/∂log ℓ_d = K ∘ D_d,     D_d[i, j] = (x_id − x_jd)² / ℓ_d²,
+
+and ``(K ∘ D_d) V = (x_d² ∘ K V − 2 x_d ∘ K (x_d ∘ V) + K (x_d² ∘ V)) / ℓ_d²``: every
+derivative product is a product with K itself, so with K's blocks cached one product with
+``(2d + 1) t`` columns gives all of them (memory-bound BLAS instead of a derivative tile per
+hyperparameter). The expansion cancels when ``|x_d|`` dwarfs ℓ_d, so X is centred first and
+the expansion is used only while ``(max |x_d| / ℓ_d)²`` stays below ``EXPANSION_LIMIT``;
+any other kernel or data goes through the backend's ``kernel_grad_matvec`` blocks
+(:meth:`~dkern.operators.gram.GramOperator.gradient_matvec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from ..kernels import Gaussian, Kernel, Scaled, Sum
+from .gram import GramOperator, gram
+
+#: Largest ``(|x_d| / ℓ_d)²`` of the centred data for which the expanded products are used:
+#: their rounding error is this times the float64 epsilon relative to ``|K V|`` (< 1e-12).
+EXPANSION_LIMIT = 1e4
+
+
+@dataclass(frozen=True)
+class GaussianForm:
+    """Where ``c · Gaussian(ℓ)``'s parameters sit in a kernel's ``theta``."""
+
+    constant: float
+    lengthscale: np.ndarray  # (d,)
+    constant_index: int | None  # None: c fixed (or absent)
+    lengthscale_index: list[int]  # [] fixed, [k] one shared ℓ, or one per feature
+
+
+def gaussian_form(kernel: Kernel, d: int, offset: int = 0) -> GaussianForm | None:
+    """``kernel``'s form as ``c · Gaussian(ℓ)`` plus White terms, or None if it has another."""
+    if type(kernel) is Gaussian:
+        free = len(kernel.hyperparameter_names)
+        return GaussianForm(1.0, np.broadcast_to(np.asarray(kernel.lengthscale, float), (d,)),
+                            None, list(range(offset, offset + free)))
+    if type(kernel) is Scaled and type(kernel.kernel) is Gaussian:
+        own = int("constant" in kernel.hyperparameter_names)
+        inner = gaussian_form(kernel.kernel, d, offset + own)
+        assert inner is not None
+        return GaussianForm(float(kernel.constant), inner.lengthscale,
+                            offset if own else None, inner.lengthscale_index)
+    if type(kernel) is Sum:
+        for first, second in ((kernel.k1, kernel.k2), (kernel.k2, kernel.k1)):
+            if second.has_white and second.without_white() is None:  # White noise only
+                start = offset if first is kernel.k1 else offset + kernel.k1.n_dims
+                return gaussian_form(first, d, start)
+    return None
+
+
+def gram_gradient_products(kernel: Kernel, X: Any, V: da.Array, *, backend: str,
+                           cached: GramOperator | None = None) -> da.Array:
+    """``∂K/∂θ_p V`` for every log-hyperparameter p of ``kernel``; shape (n, t, p), lazy.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    X : array-like of shape (n, d)
+    V : dask.array.Array of shape (n, t)
+    backend : {"auto", "numpy", "keops"}
+    cached : GramOperator, optional
+        ``gram(kernel.without_white(), X)`` with its blocks cached: the expanded products
+        (module docstring) use it when the kernel is ``c · Gaussian`` (+ White).
+    """
+    form = None if cached is None or cached.cached is None else gaussian_form(
+        kernel, cached.X.shape[1])
+    if cached is not None and form is not None:
+        Xc = cached.X - cached.X.mean(axis=0)
+        (reach,) = dask.compute((abs(Xc).max(axis=0) / form.lengthscale) ** 2)
+        if reach.max() <= EXPANSION_LIMIT:
+            return _expanded_products(cached, Xc, V, form, len(kernel.theta))
+    return gram(kernel, X, backend=backend, dtype=np.float64).gradient_matvec(V)
+
+
+def _expanded_products(K: GramOperator, Xc: da.Array, V: da.Array, form: GaussianForm,
+                       p: int) -> da.Array:
+    """The module docstring's expansion: one cached product with ``(2d + 1) t`` columns."""
+    n, t = V.shape
+    V = V.rechunk((K.col_chunks, -1))
+    Xc = Xc.rechunk((K.col_chunks, -1))
+    d = Xc.shape[1]
+    columns = [V] + [Xc[:, k:k + 1] * V for k in range(d)] + [Xc[:, k:k + 1] ** 2 * V
+                                                             for k in range(d)]
+    KW = K @ da.concatenate(columns, axis=1)  # shape: (n, (2d + 1) t)
+    KV = KW[:, :t]
+    per_feature = [(Xc[:, k:k + 1] ** 2 * KV - 2 * Xc[:, k:k + 1] * KW[:, t * (1 + k):t * (2 + k)]
+                    + KW[:, t * (1 + d + k):t * (2 + d + k)]) / form.lengthscale[k] ** 2
+                   for k in range(d)]  # (K ∘ D_k) V, each (n, t)
+    out = [da.zeros((n, t), chunks=KV.chunks)] * p
+    if form.constant_index is not None:
+        out[form.constant_index] = KV
+    if len(form.lengthscale_index) == 1:  # one ℓ shared by every feature
+        out[form.lengthscale_index[0]] = sum(per_feature[1:], per_feature[0])
+    elif form.lengthscale_index:
+        for index, term in zip(form.lengthscale_index, per_feature, strict=True):
+            out[index] = term
+    return da.stack(out, axis=2)
