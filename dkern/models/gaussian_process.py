@@ -103,7 +103,13 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         ``"nystrom"``: the sparse GP of Titsias (2009, "SGPR") on M centres, a
         different, approximate model: one pass over X gives M-sized sums
         (:func:`dkern.solvers.sgpr.sgpr_statistics`), O(n M²) time, O(M²) memory; it
-        equals the exact GP when every training row is a centre.
+        equals the exact GP when every training row is a centre. Its hyperparameters
+        are learned on the SGPR bound; when the best of scikit-learn's runs (the
+        kernel's own start and the restarts) collapses into the bound's all-noise
+        optimum (fewer than 1.5 effective degrees of freedom: constant -> 0 or
+        lengthscale -> ∞), one more run starts from the data's scales (lengthscales at
+        the median distance between centres, the constant at y's mean square) and the
+        higher bound wins; a fit that still takes y as noise warns with the cause.
         ``"auto"``: ``"nystrom"`` only when ``n_centers`` is given (a less accurate
         model is never chosen unasked); otherwise ``"exact"`` up to ``EXACT_MAX_N``
         rows, ``"cg"`` above. The choice is logged at INFO level.

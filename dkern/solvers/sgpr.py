@@ -194,6 +194,51 @@ def sgpr_bound(stats: SGPRStatistics, sigma2: float) -> float:
                  - 0.5 * t * (stats.trace - np.trace(stats.P)) / s)
 
 
+def sgpr_noise_bound(stats: SGPRStatistics, sigma2: float) -> float:
+    """The bound of the model that takes all of y as noise, the limit of F as the
+    kernel's signal vanishes: ``-nt/2 · log 2πs - yᵀy / (2s)``.
+
+    Parameters
+    ----------
+    stats : SGPRStatistics
+    sigma2 : float
+        Noise variance > 0, added to the kernel's White noise.
+
+    Returns
+    -------
+    float
+    """
+    s = total_noise(stats.kernel, sigma2)
+    n, t = stats.n, stats.b.shape[1]
+    return float(-0.5 * n * t * np.log(2 * np.pi * s) - 0.5 * stats.yty.sum() / s)
+
+
+def sgpr_effective_dof(stats: SGPRStatistics, sigma2: float) -> float:
+    """The fit's effective degrees of freedom (MacKay's γ): how many directions of y the
+    posterior mean at the training rows, ``Q_nn (Q_nn + sI)⁻¹ y``, fits rather than takes
+    as noise,
+
+    .. math:: \\gamma = \\operatorname{tr} Q_{nn} (Q_{nn} + sI)^{-1}
+              = \\textstyle\\sum_i \\lambda_i / (\\lambda_i + s),
+
+    λ the eigenvalues of P (Q_nn's nonzero ones). 0 for a kernel that explains nothing,
+    about 1 for one that fits a constant, at most M.
+
+    Parameters
+    ----------
+    stats : SGPRStatistics
+    sigma2 : float
+        Noise variance > 0, added to the kernel's White noise.
+
+    Returns
+    -------
+    float
+    """
+    s = total_noise(stats.kernel, sigma2)
+    lam = np.clip(np.linalg.eigvalsh(stats.P), 0.0, None)
+    return float(np.sum(lam / (lam + s)))
+
+
 def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
                  backend: str = "auto") -> tuple[da.Array, da.Array]:
     """The SGPR (Titsias) predictive mean and latent variance, lazily per test chunk.

@@ -17,22 +17,26 @@ the SGPR posterior q(f*), positive semi-definite (the naive Nyström covariance 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg as sla
+from scipy.spatial.distance import pdist
 
 from ...errors import NotPositiveDefiniteError
 from ...io import as_rows
-from ...kernels import Kernel
+from ...kernels import Kernel, Scaled, Sum
+from ...kernels.stationary import Stationary
 from ...operators import data_rows
 from ...solvers import select_centers
 from ...solvers.sgpr import (
     SGPRStatistics,
     sgpr_bound,
     sgpr_bound_gradient,
+    sgpr_effective_dof,
+    sgpr_noise_bound,
     sgpr_predict,
     sgpr_statistics,
     total_noise,
@@ -45,6 +49,8 @@ logger = logging.getLogger(__name__)
 #: eigenvalues λ below ε to about λ²/ε: with all 300 rows of tests/test_gp_sparse.py's data
 #: as centres, ε = 1e-6 moves the mean by 5e-4 (relative) from the exact GP's, 1e-10 by 1e-7.
 SGPR_JITTERS = (1e-10, 1e-8, 1e-6, 1e-4)
+#: Centres (evenly spaced among Z's rows) whose pairwise distances set the data-scaled start.
+START_SAMPLE = 1_000
 
 
 class SparsePosterior:
@@ -148,6 +154,21 @@ def centers(X: da.Array, n_centers: int | None, rng: np.random.Generator) -> np.
     return np.ascontiguousarray(select_centers(X, n_centers, random_state=rng))
 
 
+class BoundFit(NamedTuple):
+    """What a kernel's SGPR fit explains (:meth:`SparseBound.fit_of`)."""
+
+    #: the bound F
+    value: float
+    #: F of the model that takes all of y as noise (:func:`~dkern.solvers.sgpr.sgpr_noise_bound`)
+    noise_value: float
+    #: effective degrees of freedom γ (:func:`~dkern.solvers.sgpr.sgpr_effective_dof`)
+    dof: float
+    #: the noise variance s: alpha plus the kernel's White noise
+    noise: float
+    #: ``yᵀy / (n t)``, the targets' mean square
+    y_moment: float
+
+
 class SparseBound:
     """``(kernel, eval_gradient) -> (F, ∂F/∂θ)``: the SGPR bound of a kernel on fixed centres.
 
@@ -189,3 +210,90 @@ class SparseBound:
         except (NotPositiveDefiniteError, np.linalg.LinAlgError):
             return -np.inf, np.zeros(p)
         return value, grad[:p]  # the last entry, ∂F/∂log σ², is for a learnable noise
+
+    def fit_of(self, kernel: Kernel) -> BoundFit:
+        """The bound of ``kernel``, the all-noise bound and the fit's degrees of freedom (no
+        pass over X when ``kernel`` was the latest evaluated)."""
+        stats = self.statistics(kernel)
+        return BoundFit(sgpr_bound(stats, self.alpha), sgpr_noise_bound(stats, self.alpha),
+                        sgpr_effective_dof(stats, self.alpha), total_noise(kernel, self.alpha),
+                        float(stats.yty.sum()) / (stats.n * stats.b.shape[1]))
+
+    def data_start(self, kernel: Kernel) -> Kernel:
+        """``kernel`` with its scales set from the centres and y (:func:`data_scaled_theta`);
+        y's mean square is read off the latest statistics (a pass over y without them)."""
+        if self._last is not None:
+            moment = float(self._last.yty.sum()) / (self._last.n * self._last.b.shape[1])
+        else:
+            moment = float(da.mean(self.y * self.y).compute())
+        return kernel.with_theta(data_scaled_theta(kernel, self.Z, moment))
+
+
+def data_scaled_theta(kernel: Kernel, Z: np.ndarray, y_moment: float) -> np.ndarray:
+    """``kernel``'s ``theta`` with the scales set from the data: a start for the optimizer.
+
+    The lengthscales of the stationary kernels (Gaussian, Laplacian, Matérn, rational
+    quadratic) become the median distance between the centres (the median heuristic):
+    for one lengthscale ``median ‖zᵢ - zⱼ‖``; for one per feature (ARD) the median
+    distance of the centres with each feature divided by its standard deviation σ_k,
+    times σ_k. The constant ``c`` of each ``c * k`` summand of the kernel (the kernel
+    itself, or a term of its top-level sum) becomes ``y_moment`` shared among them, so
+    the prior variance covers y's second moment. Every other entry keeps its value; all
+    are clipped into the bounds.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    Z : ndarray of shape (M, d)
+        The centres; at most ``START_SAMPLE`` of them, evenly spaced, are used.
+    y_moment : float
+        ``yᵀy / (n t)``, the targets' mean square (their variance when normalised).
+
+    Returns
+    -------
+    ndarray of shape (p,)
+        Log-hyperparameters in the order of ``kernel.hyperparameter_names``.
+    """
+    theta, bounds = kernel.theta.copy(), kernel.bounds
+    params = kernel.get_params(deep=True)
+    sample = Z[np.unique(np.linspace(0, len(Z) - 1, min(len(Z), START_SAMPLE)).astype(int))]
+    one, per_feature = _median_lengthscales(sample)
+    owners = [_owner(kernel, params, name) for name in kernel.hyperparameter_names]
+    summands = sum(1 for path, node, leaf in owners
+                   if leaf == "constant" and isinstance(node, Scaled)
+                   and _in_top_sum(kernel, params, path))
+    for k, (path, node, leaf) in enumerate(owners):
+        if leaf.startswith("lengthscale") and isinstance(node, Stationary) and one > 0:
+            ard = leaf.endswith("]")
+            theta[k] = np.log(per_feature[int(leaf[leaf.index("[") + 1:-1])] if ard else one)
+        elif (leaf == "constant" and isinstance(node, Scaled) and y_moment > 0
+              and _in_top_sum(kernel, params, path)):
+            theta[k] = np.log(y_moment / summands)
+    return np.clip(theta, bounds[:, 0], bounds[:, 1])
+
+
+def _median_lengthscales(Z: np.ndarray) -> tuple[float, np.ndarray]:
+    """The median distance between Z's rows (0 for fewer than two distinct rows), and
+    per feature that of the standardised rows times the feature's σ (the median
+    distance where a feature does not vary); shape (d,)."""
+    if len(Z) < 2:
+        return 0.0, np.zeros(Z.shape[1])
+    one = float(np.median(pdist(Z)))
+    sigma = Z.std(axis=0)
+    varies = sigma > 0
+    scaled = float(np.median(pdist(Z[:, varies] / sigma[varies]))) if varies.any() else 0.0
+    return one, np.where(varies, scaled * sigma, one)
+
+
+def _owner(kernel: Kernel, params: dict[str, Any], name: str) -> tuple[str, Kernel, str]:
+    """The path, the (sub)kernel and the parameter of one entry of ``hyperparameter_names``
+    (``"k1__kernel__lengthscale[2]"``: ``("k1__kernel", that kernel, "lengthscale[2]")``)."""
+    path, _, leaf = name.rpartition("__")
+    return path, params[path] if path else kernel, leaf
+
+
+def _in_top_sum(kernel: Kernel, params: dict[str, Any], path: str) -> bool:
+    """Whether the subkernel at ``path`` is the kernel or a term of its top-level sum."""
+    parts = path.split("__") if path else []
+    return all(isinstance(params["__".join(parts[:i])] if i else kernel, Sum)
+               for i in range(len(parts)))
