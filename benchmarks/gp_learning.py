@@ -28,7 +28,7 @@ from _results import machine, markdown_table, update_section  # noqa: E402
 
 import dkern  # noqa: E402
 from dkern.kernels import Gaussian, White  # noqa: E402
-from dkern.models._gp_optimize import EVIDENCE_PROBES  # noqa: E402
+from dkern.models._gp_exact_learning import EVIDENCE_PROBES  # noqa: E402
 from dkern.models.posteriors.evidence import estimated_log_marginal_likelihood  # noqa: E402
 from dkern.models.posteriors.exact import log_marginal_likelihood  # noqa: E402
 

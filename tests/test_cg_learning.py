@@ -8,7 +8,8 @@ import scipy.linalg as sla
 from sklearn.datasets import load_diabetes
 
 import dkern
-import dkern.models._gp_optimize as gp_optimize
+import dkern.models._gp_exact_learning as exact_learning
+import dkern.models._gp_sparse_learning as sparse_learning
 from dkern import gram
 from dkern.kernels import Gaussian, White
 from dkern.models.posteriors.evidence import estimated_log_marginal_likelihood
@@ -100,11 +101,11 @@ def test_cg_learning_above_the_exact_limit_reaches_the_dense_optimum(monkeypatch
     X, y = _diabetes(120)
     kernel = 1.0 * Gaussian(1.0) + White(1.0)
     dense = dkern.GaussianProcessRegressor(kernel, solver="exact", alpha=1e-6).fit(X, y)
-    monkeypatch.setattr(gp_optimize, "EXACT_MAX_N", 100)
-    monkeypatch.setattr(gp_optimize, "WARM_START_CENTERS", 15)
+    monkeypatch.setattr(exact_learning, "EXACT_MAX_N", 100)
+    monkeypatch.setattr(sparse_learning, "WARM_START_CENTERS", 15)
     gradients = []
-    estimate = gp_optimize.estimated_log_marginal_likelihood
-    monkeypatch.setattr(gp_optimize, "estimated_log_marginal_likelihood", lambda *a, **kw: (
+    estimate = exact_learning.estimated_log_marginal_likelihood
+    monkeypatch.setattr(exact_learning, "estimated_log_marginal_likelihood", lambda *a, **kw: (
         gradients.append(kw["eval_gradient"]) or estimate(*a, **kw)))
     model = dkern.GaussianProcessRegressor(kernel, solver="cg", alpha=1e-6, tol=1e-8,
                                            preconditioner_rank=20, random_state=0).fit(X, y)

@@ -529,12 +529,10 @@ def test_bad_parameters_are_named(params, match):
 
 
 def test_exact_beyond_the_dense_limit_is_refused(monkeypatch):
+    # (learning above it, by solver="cg" and the estimated likelihood: test_cg_learning.py)
     monkeypatch.setattr(gaussian_process, "EXACT_MAX_N", 40)  # the solver choice
-    monkeypatch.setattr(_gp_optimize, "EXACT_MAX_N", 40)  # the optimizer's exact likelihood
     with pytest.raises(ValueError, match="solver='exact' holds the dense"):
         our_gp(solver="exact").fit(X_TRAIN[:50], Y_TRAIN[:50])
-    with pytest.raises(ValueError, match="Learn them on a subsample"):
-        our_gp().fit(X_TRAIN[:50], Y_TRAIN[:50])  # auto -> cg, but the optimizer needs exact
 
 
 def test_kernel_must_be_a_kernel_object():

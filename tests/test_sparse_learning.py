@@ -89,7 +89,7 @@ def test_a_collapsed_run_is_followed_by_one_from_the_data_scaled_start(caplog):
     collapsed = Scaled(1e-5, Gaussian(1e5))  # the all-noise optimum, on both bounds
     starts = []
     with warnings.catch_warnings(), caplog.at_level(logging.INFO,
-                                                    logger="dkern.models._gp_optimize"):
+                                                    logger="dkern.models._gp_sparse_learning"):
         warnings.simplefilter("error")  # the losing run's bound warnings are not shown
         gp = sparse_gp(collapsed, optimizer=staying(starts)).fit(X, y)
     assert len(starts) == 2

@@ -4,7 +4,7 @@ fitted (dense Cholesky or preconditioned CG), and rebuilt from a model file's st
 
 The posterior that answers the variance beside it is
 :func:`dkern.models.posteriors.variance_posterior`'s; the sparse GP's is fitted with its
-hyperparameters (:func:`._gp_optimize.learned_sparse_posterior`).
+hyperparameters (:func:`._gp_sparse_learning.learned_sparse_posterior`).
 """
 
 from __future__ import annotations

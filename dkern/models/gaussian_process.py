@@ -24,15 +24,12 @@ from ..kernels import Gaussian, Kernel, Scaled
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N
 from ..solvers.checkpoint import check_checkpoint
 from . import _gp_methods
-from ._gp_optimize import (
-    check_optimizer,
-    evidence_at,
-    learned_exact_kernel,
-    learned_sparse_posterior,
-)
+from ._gp_exact_learning import evidence_at, learned_exact_kernel
+from ._gp_optimize import check_optimizer
 from ._gp_outputs import TargetScaling
 from ._gp_posterior import rebuilt, solve, sparse_file_state
 from ._gp_predictive import MAX_COV_BYTES, PosteriorPredictive
+from ._gp_sparse_learning import learned_sparse_posterior
 from ._model_file import DeclaredState
 from ._validation import (
     as_float64,
@@ -309,7 +306,6 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
             self.kernel_, self.log_marginal_likelihood_value_ = learned_exact_kernel(
                 kernel, Xw, yw, alpha, optimizer=self.optimizer,
                 n_restarts=self.n_restarts_optimizer, random_state=self.random_state,
-                default_kernel=self.kernel is None, solver=solver,
                 rank=self.preconditioner_rank, tol=tol, backend=self.backend)
             done = solve(solver, self.kernel_, Xw, yw, alpha,
                          lml=self.log_marginal_likelihood_value_,

@@ -81,8 +81,17 @@ class CGPosterior(KernelExpansion):
         kernel's White terms (its blocks ``k(x, z)`` hold none); alpha must be > 0 (a GP
         fitted by ``solver="exact"`` with alpha = 0 has no CG variances)."""
         check_alpha(self.alpha, "cg", role="the value added to K's diagonal", example="1e-6")
-        return gram(self.kernel.without_white(), self.X, backend=self.backend,
+        return gram(self.signal_kernel, self.X, backend=self.backend,
                     dtype=np.float64) + self.shift
+
+    @property
+    def signal_kernel(self) -> Kernel:
+        """The kernel without its White terms: the blocks of C (and of its preconditioner)."""
+        signal = self.kernel.without_white()
+        if signal is None:
+            raise ValueError(f"the kernel {self.kernel!r} is White noise only, so C is a "
+                             "multiple of I: use solver='exact', or add a signal term.")
+        return signal
 
     @property
     def shift(self) -> float:
@@ -95,7 +104,7 @@ class CGPosterior(KernelExpansion):
         if self._preconditioner is None:
             # the noise-free kernel: its diagonal must be the blocks' (RPCholesky's pivots)
             self._preconditioner = NystromPreconditioner(
-                self.kernel.without_white(), self.X, self.shift, min(self.X.shape[0], self.rank),
+                self.signal_kernel, self.X, self.shift, min(self.X.shape[0], self.rank),
                 pivots="rpcholesky", random_state=as_generator(self.pivot_seed),
                 backend=self.backend)
         return self._preconditioner

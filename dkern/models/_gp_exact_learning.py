@@ -1,0 +1,125 @@
+"""The exact GP's hyperparameters: the dense log marginal likelihood up to ``EXACT_MAX_N``
+rows, and above it (``solver="cg"``) its estimate from one CG solve per evaluation
+(:mod:`.posteriors.evidence`), started at the sparse bound's optimum.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import scipy.optimize
+from sklearn.utils import check_random_state
+
+from ..kernels import Kernel
+from ..solvers import EXACT_MAX_N
+from ._gp_optimize import Likelihood, Objective, optimize
+from ._gp_sparse_learning import sparse_warm_start
+from ._validation import in_memory, legacy_seed
+from .posteriors.evidence import estimated_log_marginal_likelihood
+from .posteriors.exact import log_marginal_likelihood
+from .posteriors.sparse import SparseBound, training_data
+
+logger = logging.getLogger(__name__)
+
+#: Probe vectors of each estimated likelihood above ``EXACT_MAX_N`` (solver="cg"): its
+#: standard errors fall as 1/√probes, each probe one more CG right-hand side.
+EVIDENCE_PROBES = 16
+#: Line-search steps of L-BFGS-B on the estimate (scipy's default 20): each is a CG solve,
+#: and a search that needs more is lost in the estimate's noise.
+ESTIMATE_LINE_SEARCH = 5
+
+
+def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimizer: Any,
+                         n_restarts: int, random_state: Any, rank: int = 300,
+                         tol: float = 1e-8, backend: str = "auto") -> tuple[Kernel, float]:
+    """The kernel maximising the exact ``ln p(y | θ)`` (Rasmussen & Williams, eq. 5.8) for
+    X (n, d), y (n,) or (n, t), and that value; ``(kernel, nan)`` when nothing is learned
+    (no optimizer, or no free hyperparameter): the solve computes it where it can.
+
+    Up to ``EXACT_MAX_N`` rows the likelihood is dense; above it (where the solver is CG)
+    it is estimated (:func:`cg_estimated_likelihood`; ``rank`` and ``tol`` are CG's).
+    """
+    n = X.shape[0]
+    learn = optimizer is not None and len(kernel.theta) > 0
+    if not learn:
+        return kernel, float("nan")
+    rng = check_random_state(legacy_seed(random_state))
+    if n > EXACT_MAX_N:
+        seed = int(rng.randint(2**31 - 1))
+        Xd, Yd = training_data(X, y)  # numpy X is sent to the cluster once
+        lml = cg_estimated_likelihood(Xd, Yd, alpha, rank=rank, tol=tol, backend=backend,
+                                      seed=seed)
+        warm = sparse_warm_start(kernel, Xd, Yd, alpha, backend=backend, seed=seed)
+        if lml(warm, False)[0] >= lml(kernel, False)[0]:
+            kernel = warm  # else the bound's optimum lies where the exact GP does worse
+        if isinstance(optimizer, str):
+            optimizer = lbfgs_on_estimate
+    else:
+        Xn, yn = in_memory(X), in_memory(y).reshape(n, -1)
+
+        def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
+            return log_marginal_likelihood(k, Xn, yn, alpha, eval_gradient)
+
+    theta, value = optimize(kernel, lml, optimizer, n_restarts, rng)
+    return kernel.with_theta(theta), value
+
+
+def lbfgs_on_estimate(objective: Objective, start: np.ndarray,
+                      bounds: np.ndarray) -> tuple[np.ndarray, float]:
+    """L-BFGS-B on an estimated likelihood (an ``optimizer`` callable).
+
+    The estimate's value and gradient come from the same probes but are not exactly a
+    function and its derivative, so near the optimum, where the gradient is within its
+    sampling error, the line search fails ("ABNORMAL"): there that is the expected end,
+    logged with the iterations taken rather than warned about.
+    """
+    result = scipy.optimize.minimize(objective, start, method="L-BFGS-B", jac=True,
+                                     bounds=bounds, options={"maxls": ESTIMATE_LINE_SEARCH})
+    if not result.success:
+        logger.info("L-BFGS-B on the estimated likelihood ended after %d iterations (%s): "
+                    "the gradient is within the estimate's sampling error there",
+                    result.nit, result.message)
+    return np.asarray(result.x, dtype=float), float(result.fun)
+
+
+def cg_estimated_likelihood(Xd: da.Array, Yd: da.Array, alpha: float, *, rank: int,
+                            tol: float, backend: str, seed: int) -> Likelihood:
+    """``ln p(y | θ)`` and its gradient estimated by one CG solve each
+    (:func:`~.posteriors.evidence.estimated_log_marginal_likelihood`), with
+    ``EVIDENCE_PROBES`` probes and the same ``seed`` at every θ, so that the optimizer
+    sees one deterministic function; each estimate and its standard errors are logged."""
+
+    def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
+        estimate = estimated_log_marginal_likelihood(
+            k, Xd, Yd, alpha, eval_gradient=eval_gradient, n_probes=EVIDENCE_PROBES,
+            rank=rank, tol=tol, random_state=seed, backend=backend)
+        logger.info("estimated ln p(y | θ) = %.8g ± %.2g (%d CG steps); gradient's largest "
+                    "standard error %.2g", estimate.value, estimate.value_stderr,
+                    estimate.n_iter, estimate.gradient_stderr.max(initial=0.0))
+        return estimate.value, estimate.gradient
+
+    return lml
+
+
+def evidence_at(kernel: Kernel, solver: str, X: Any, y: Any, centers: Any,
+                alpha: float, eval_gradient: bool, backend: str) -> tuple[float, np.ndarray]:
+    """The fitted regressor's ``ln p(y | X, θ)`` at ``kernel``'s θ and its gradient: exact
+    (n <= ``EXACT_MAX_N``), or for ``"nystrom"`` the SGPR bound on the fitted ``centers``
+    (two passes over X). X and y are the training data (None in a loaded sparse model)."""
+    if solver == "nystrom":
+        if X is None:
+            raise ValueError("this solver='nystrom' model was loaded from a file, which keeps "
+                             "only M-sized statistics, not the training data the bound at "
+                             "another theta needs; refit it on the data to evaluate "
+                             "log_marginal_likelihood(theta).")
+        Xd, Yd = training_data(X, y)
+        return SparseBound(Xd, Yd, centers, alpha, backend=backend)(kernel, eval_gradient)
+    n = X.shape[0]
+    if n > EXACT_MAX_N:
+        raise ValueError(f"the exact log marginal likelihood needs n <= {EXACT_MAX_N}; this "
+                         f"model has n={n}. Evaluate it on a subsample.")
+    return log_marginal_likelihood(kernel, in_memory(X), in_memory(y).reshape(n, -1), alpha,
+                                   eval_gradient)
