@@ -15,14 +15,14 @@ posterior's ``K(X*, X) a``.
 The error is small only once r + k covers the eigenvalues of K above alpha, so the
 decomposition checks itself, once: the LOVE std at ``CHECK_ROWS`` training rows (drawn
 by the pivot seed) against their exact std (dense Cholesky up to ``CHECK_DENSE_MAX_N``
-rows, else one block-CG solve, exact to ``tol``). It aims
-at a relative error of ``LOVE_RTOL`` anywhere, so asks ``LOVE_RTOL / CHECK_MARGIN`` of
-those rows. At the estimator's default ranks a larger error doubles r (new RPCholesky
-columns and Lanczos steps), up to ``MAX_DOUBLINGS`` times; ranks a user chose are kept.
-An error still above it is warned about (ConvergenceWarning) with its figure, and each
-choice is logged. The check depends only on the model (rows, kernel, alpha, ranks and
-pivot seed), not on the test points asked for: a model loaded from a file recomputes
-the same basis.
+rows, else one block-CG solve, exact to ``tol``). It aims at a relative error of
+``LOVE_RTOL`` anywhere, so asks ``LOVE_RTOL / CHECK_MARGIN`` of those rows. At the
+estimator's default ranks a larger error doubles r (new RPCholesky columns and Lanczos
+steps), up to ``MAX_DOUBLINGS`` times; ranks a user chose are kept. An error still
+above target is warned about (ConvergenceWarning) with its figure, and each choice is
+logged. The check depends only on the model (rows, kernel, alpha, ranks and pivot
+seed), not on the test points asked for: a model loaded from a file recomputes the
+same basis.
 """
 
 from __future__ import annotations
