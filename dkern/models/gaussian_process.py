@@ -124,9 +124,16 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         test batch. Its variances lie between the exact ones and the prior
         (``V H⁻¹ Vᵀ ≼ C⁻¹``), and their error does not grow with k; it is small only
         when k + r exceeds the number of eigenvalues of K above alpha, and can be large
-        otherwise (measured errors: benchmarks/RESULTS.md): raise ``preconditioner_rank``.
-        Check it against ``"cg"`` on a few test points. The means still come from
-        ``alpha_``.
+        otherwise (measured errors: benchmarks/RESULTS.md). So the decomposition checks
+        itself, once: its std at 32 training rows (drawn by ``random_state``) must agree
+        with their exact std (dense Cholesky up to 4,000 rows, else one CG solve) to
+        1/3 of 1% (relative), so that all points stay within about 1%. At the default
+        ranks a larger error doubles r, at most twice (up to three decompositions in
+        all); ranks you give are kept. An error still above that is warned about
+        (``ConvergenceWarning``, with the measured figure): raise
+        ``preconditioner_rank``, or use ``"cg"``. Each choice is logged at INFO level,
+        and a loaded model makes the same one (:mod:`dkern.models.posteriors.lanczos`).
+        The means still come from ``alpha_``.
         ``"nystrom"`` (with ``solver="nystrom"`` only): the SGPR predictive variance
         ``k** − Q** + k_*uᵀ Σ⁻¹ k_u*``, O(M²) per test point from the M-sized
         statistics, in ``[0, k(x*, x*)]``; its error
