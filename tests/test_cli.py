@@ -520,3 +520,16 @@ def test_predict_with_a_classifier_model_is_refused_before_writing(capsys, saved
     assert code == 1
     assert "is a GaussianProcessClassifier" in err and "predict_proba" in err
     assert "pred" not in list_arrays(store)
+
+
+def test_help_shows_each_commands_own_defaults(capsys):
+    """`--help` ends an option's line with its default: fit's and demo's tol differ."""
+    helps = {}
+    for command in ("fit", "demo", "predict", "make-data", "store", "fsck", "info"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([command, "--help"])
+        assert exit_.value.code == 0
+        helps[command] = " ".join(capsys.readouterr().out.split())
+    assert "relative residual to reach (default: 1e-06)" in helps["fit"]
+    assert "relative residual to reach (default: 0.001)" in helps["demo"]
+    assert "(default: krr)" in helps["fit"] and "(default: None)" not in helps["fit"]

@@ -13,12 +13,13 @@ own subparser (``add_parser``) and runs it (``run``, returning the report).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from collections.abc import Sequence
 
 from .. import __version__
 from . import demo, fit, info, make_data, predict, store
-from ._common import parent_parsers, run_command
+from ._common import DefaultsHelp, parent_parsers, run_command
 
 __all__ = ["main"]
 
@@ -30,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dkern", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dkern {__version__}")
     common, cluster = parent_parsers()
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True,
+                                parser_class=functools.partial(
+                                    argparse.ArgumentParser, formatter_class=DefaultsHelp))
     for module in _SUBCOMMANDS:
         module.add_parser(sub, common, cluster)
     return parser

@@ -27,6 +27,18 @@ from ..errors import DkernError
 # --- options ---------------------------------------------------------------------------
 
 
+class DefaultsHelp(argparse.HelpFormatter):
+    """Help that ends each option's line with its default, when it has one to show
+    (not None, a flag's False, or one the help already states)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS)
+        if shown and action.option_strings and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
