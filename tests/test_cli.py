@@ -533,3 +533,64 @@ def test_help_shows_each_commands_own_defaults(capsys):
     assert "relative residual to reach (default: 1e-06)" in helps["fit"]
     assert "relative residual to reach (default: 0.001)" in helps["demo"]
     assert "(default: krr)" in helps["fit"] and "(default: None)" not in helps["fit"]
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """cluster_client of fit and predict, recording the args it was called with and
+    running the command on dask's local scheduler (no cluster starts)."""
+    import contextlib
+
+    from dkern.cli import fit, predict
+
+    calls = []
+
+    @contextlib.contextmanager
+    def recorder(args):
+        calls.append(args)
+        yield None
+
+    monkeypatch.setattr(fit, "cluster_client", recorder)
+    monkeypatch.setattr(predict, "cluster_client", recorder)
+    return calls
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--x", "Xmissing", "--y", "y"], "Xmissing"),
+    (["--x", "y", "--y", "y"], "expected (n, d)"),
+    (["--x", "X", "--y", "y_short"], "expected (40,) or (40, t)"),
+])
+def test_fit_checks_its_arrays_before_a_cluster_starts(capsys, tmp_path, no_cluster, argv,
+                                                       message):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (40, 2))
+    store = str(tmp_path / "d.zarr")
+    write_arrays(store, {"X": X, "y": X[:, 0], "y_short": X[:20, 0]}, chunk_rows=10)
+    code, _, err = run(capsys, "fit", "--data", store, *argv, "--model",
+                       str(tmp_path / "m.zarr"))
+    assert code == 1 and message in err and not no_cluster
+    assert not (tmp_path / "m.zarr").exists()
+
+
+def test_cluster_commands_get_absolute_store_paths(capsys, tmp_path, monkeypatch, no_cluster):
+    """Relative --data/--model are resolved on the client: a remote scheduler's workers
+    would resolve them against their own folder."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (40, 2))
+    write_arrays(str(tmp_path / "d.zarr"), {"X": X, "y": X[:, 0], "Xt": X[:5],
+                                            "Xt3": rng.uniform(size=(5, 3))}, chunk_rows=10)
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = run(capsys, "fit", "--data", "d.zarr", "--x", "X", "--y", "y", "--model",
+                     "m.zarr", "--solver", "exact", "--quiet")
+    assert code == 0
+    assert (no_cluster[0].data, no_cluster[0].model) == (str(tmp_path / "d.zarr"),
+                                                         str(tmp_path / "m.zarr"))
+    code, _, err = run(capsys, "predict", "--model", "m.zarr", "--data", "d.zarr", "--x", "Xt3",
+                       "--out", "p")
+    assert code == 1 and "fitted on 2 features, so expected (m, 2)" in err
+    assert len(no_cluster) == 1  # refused before a cluster
+    code, _, _ = run(capsys, "predict", "--model", "m.zarr", "--data", "d.zarr", "--x", "Xt",
+                     "--out", "p", "--quiet")
+    assert code == 0 and no_cluster[1].data == str(tmp_path / "d.zarr")
+    np.testing.assert_allclose(open_array(str(tmp_path / "d.zarr"), "p").compute(),
+                               dkern.load(str(tmp_path / "m.zarr")).predict(X[:5]), rtol=1e-12)

@@ -137,6 +137,17 @@ def overlapping(a: str, b: str) -> bool:
     return path_within(a, b) or path_within(b, a)
 
 
+def absolute_store_paths(args: argparse.Namespace) -> None:
+    """Make the local store paths a cluster command reads or writes absolute, here on the
+    client: workers resolve a relative path against their own folder, which a remote
+    scheduler's workers do not share (the chunks of a sound store then looked missing).
+    The options are named by the parser default ``store_paths``; URLs are kept."""
+    for dest in getattr(args, "store_paths", ()):
+        value = getattr(args, dest)
+        if value is not None and "://" not in str(value):
+            setattr(args, dest, os.path.abspath(value))
+
+
 def rmse(store: str, pred: str, truth: str) -> float:
     """Root mean squared error of two stored arrays, computed chunk by chunk."""
     import dask.array as da
@@ -156,6 +167,7 @@ def rmse(store: str, pred: str, truth: str) -> float:
 def run_command(args: argparse.Namespace) -> int:
     """Run the parsed subcommand (``args.run``) and print its report; the exit code."""
     run: Callable[[argparse.Namespace], dict[str, Any]] = args.run
+    absolute_store_paths(args)
     try:
         report = run(args)
     except (DkernError, ValueError, TypeError, OSError) as err:  # OSError: paths, network

@@ -28,7 +28,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--store", default=None,
                         help="where to write (default: a temp dir); the demo's arrays there "
                              "(X, y, X_test, y_test, pred) are replaced")
-    parser.set_defaults(run=run, written_store="store")
+    parser.set_defaults(run=run, written_store="store", store_paths=("store",))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -50,7 +50,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
                         help="where to save the model (a Zarr group)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a model already there")
-    parser.set_defaults(run=run, usage_error=parser.error, written_store="model")
+    parser.set_defaults(run=run, usage_error=parser.error, written_store="model",
+                        store_paths=("data", "model", "checkpoint"))
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "a store of their own, e.g. --checkpoint ckpt.zarr")
     check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
     model = _gp_model(args) if args.model_type == "gp" else _krr_model(args)
+    _check_training_arrays(args)
     monitor = SolveMonitor()
     with cluster_client(args):
         start = time.perf_counter()
@@ -108,6 +110,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lml = float(model.log_marginal_likelihood_value_)
         report["log_marginal_likelihood"] = None if np.isnan(lml) else lml
     return report
+
+
+def _check_training_arrays(args: argparse.Namespace) -> None:
+    """Open ``--x`` and ``--y`` here, before a cluster starts: a wrong store, array name or
+    shape is then an error within a second rather than after the cluster's start."""
+    from ..io import open_array
+
+    X, y = open_array(args.data, args.x), open_array(args.data, args.y)
+    if X.ndim != 2:
+        raise ValueError(f"--x {args.x!r} has shape {X.shape}; expected (n, d), one row per "
+                         "sample: pass the array of training rows.")
+    if y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
+        raise ValueError(f"--y {args.y!r} has shape {y.shape}; expected ({X.shape[0]},) or "
+                         f"({X.shape[0]}, t), one target per row of --x {args.x!r}.")
 
 
 def _check_model_options(args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace arrays already there")
-    parser.set_defaults(run=run, written_store="out")
+    parser.set_defaults(run=run, written_store="out", store_paths=("out",))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

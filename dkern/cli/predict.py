@@ -32,7 +32,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--std-out", default=None,
                         help="with --std: the array for it, in --out's group (default "
                              "<out>_std); mean and std are published together, atomically")
-    parser.set_defaults(run=run, usage_error=parser.error, written_store="data")
+    parser.set_defaults(run=run, usage_error=parser.error, written_store="data",
+                        store_paths=("data", "model"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--std: the model {args.model!r} is a {type(model).__name__}, which "
                          "has no predictive variance; fit a Gaussian process (dkern fit "
                          "--model-type gp), or drop --std.")
+    _check_rows(model, args)  # before a cluster starts
     if args.y:
         _check_truth(model, args)  # before any work: a failed --y leaves the store untouched
     if is_gp:
@@ -108,6 +110,17 @@ def _refuse_outputs_over_inputs(args: argparse.Namespace, std_out: str | None) -
             if path_within(path, out):
                 args.usage_error(f"{out_flag} {out!r} would replace the input {in_flag} "
                                  f"{path!r}; write the predictions to another array")
+
+
+def _check_rows(model: Any, args: argparse.Namespace) -> None:
+    """Refuse an ``--x`` that is missing or whose rows are not the model's features."""
+    from ..io import open_array
+
+    X = open_array(args.data, args.x)
+    d = model.n_features_in_
+    if X.ndim != 2 or X.shape[1] != d:
+        raise ValueError(f"--x {args.x!r} has shape {X.shape}; the model {args.model!r} was "
+                         f"fitted on {d} features, so expected (m, {d}) (nothing was written).")
 
 
 def _check_truth(model: Any, args: argparse.Namespace) -> None:
