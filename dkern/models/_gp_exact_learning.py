@@ -30,6 +30,10 @@ EVIDENCE_PROBES = 16
 #: Line-search steps of L-BFGS-B on the estimate (scipy's default 20): each is a CG solve,
 #: and a search that needs more is lost in the estimate's noise.
 ESTIMATE_LINE_SEARCH = 5
+#: Largest move of a log-hyperparameter in one trust region of :func:`lbfgs_on_estimate`
+#: (a factor e), and the regions at most.
+ESTIMATE_TRUST_RADIUS = 1.0
+ESTIMATE_ROUNDS = 6
 
 
 def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimizer: Any,
@@ -69,20 +73,59 @@ def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimi
 
 def lbfgs_on_estimate(objective: Objective, start: np.ndarray,
                       bounds: np.ndarray) -> tuple[np.ndarray, float]:
-    """L-BFGS-B on an estimated likelihood (an ``optimizer`` callable).
+    """L-BFGS-B on an estimated likelihood (an ``optimizer`` callable), in trust regions.
 
-    The estimate's value and gradient come from the same probes but are not exactly a
-    function and its derivative, so near the optimum, where the gradient is within its
-    sampling error, the line search fails ("ABNORMAL"): there that is the expected end,
-    logged with the iterations taken rather than warned about.
+    Each round runs L-BFGS-B in the box of ``ESTIMATE_TRUST_RADIUS`` about its start
+    (within the kernel's bounds); when the best θ a round evaluated lies on the box's edge,
+    the next round starts there, up to ``ESTIMATE_ROUNDS``. The box keeps every trial θ near one where C was well
+    conditioned: a far trial step (L-BFGS-B's first is a unit step along the gradient,
+    and from a good start its scale is unknown) can land where CG needs hundreds of
+    steps. The estimate's value and gradient come from the same probes but are not
+    exactly a function and its derivative, so near the optimum, where the gradient is
+    within its sampling error, the line search fails ("ABNORMAL"): there that is the
+    expected end, logged rather than warned about.
     """
-    result = scipy.optimize.minimize(objective, start, method="L-BFGS-B", jac=True,
-                                     bounds=bounds, options={"maxls": ESTIMATE_LINE_SEARCH})
-    if not result.success:
-        logger.info("L-BFGS-B on the estimated likelihood ended after %d iterations (%s): "
-                    "the gradient is within the estimate's sampling error there",
-                    result.nit, result.message)
-    return np.asarray(result.x, dtype=float), float(result.fun)
+    evaluate = _Remembered(objective)
+    evaluate(start)
+    theta, value = evaluate.best
+    for round_ in range(1, ESTIMATE_ROUNDS + 1):
+        box = np.column_stack([np.maximum(bounds[:, 0], theta - ESTIMATE_TRUST_RADIUS),
+                               np.minimum(bounds[:, 1], theta + ESTIMATE_TRUST_RADIUS)])
+        result = scipy.optimize.minimize(evaluate, theta, method="L-BFGS-B", jac=True,
+                                         bounds=box,
+                                         options={"maxls": ESTIMATE_LINE_SEARCH})
+        logger.info("trust region %d (radius %g): -ln p %.8g -> %.8g in %d iterations (%s)",
+                    round_, ESTIMATE_TRUST_RADIUS, value, evaluate.best[1], result.nit,
+                    result.message)
+        if not evaluate.best[1] < value:
+            break
+        theta, value = evaluate.best
+        on_edge = (((bounds[:, 0] < box[:, 0]) & np.isclose(theta, box[:, 0]))
+                   | ((box[:, 1] < bounds[:, 1]) & np.isclose(theta, box[:, 1])))
+        if not on_edge.any():
+            break
+    return theta, value
+
+
+class _Remembered:
+    """``objective(theta)`` computing each θ once (a round starts where the last ended),
+    and the best θ it has seen: L-BFGS-B returns its last iterate, which after a failed
+    line search on the estimate need not be the best one evaluated."""
+
+    def __init__(self, objective: Objective) -> None:
+        self.objective = objective
+        self.seen: dict[bytes, Any] = {}
+        self.best: tuple[np.ndarray, float] = (np.empty(0), np.inf)
+
+    def __call__(self, theta: np.ndarray) -> Any:
+        theta = np.array(theta, dtype=float)
+        key = theta.tobytes()
+        if key not in self.seen:
+            self.seen[key] = self.objective(theta)
+            value = float(self.seen[key][0])
+            if value < self.best[1] or self.best[0].size == 0:
+                self.best = (theta, value)
+        return self.seen[key]
 
 
 def cg_estimated_likelihood(Xd: da.Array, Yd: da.Array, alpha: float, *, rank: int,
