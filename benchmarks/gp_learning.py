@@ -57,7 +57,9 @@ def dkern_learned(n: int, n_test: int, rank: int) -> dict:
     softplus0 = np.log(2.0)  # GPyTorch's start: softplus of a raw parameter 0
     kernel = softplus0 * Gaussian(np.full(X.shape[1], softplus0)) + White(softplus0)
     evaluations = _EvaluationCounter()
-    logging.getLogger("dkern.models._gp_exact_learning").addHandler(evaluations)
+    learning_log = logging.getLogger("dkern.models._gp_exact_learning")
+    learning_log.setLevel(logging.INFO)  # the estimates are logged at INFO
+    learning_log.addHandler(evaluations)
     start_train = time.perf_counter()
     model = dkern.GaussianProcessRegressor(kernel, solver="cg", alpha=1e-6, tol=1e-4,
                                            preconditioner_rank=rank, random_state=0)
