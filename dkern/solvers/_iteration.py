@@ -384,14 +384,32 @@ def _report(k: int, rel: np.ndarray, active: np.ndarray,
     if callback is not None:
         callback(k, rel.copy())
     if progress is not None:
-        progress.n = k
-        progress.set_postfix(residual=f"{rel.max():.2e}", active=int(active.sum()))
+        progress.update(k, float(rel.max()))
     logger.debug("CG iteration %d: max relative residual %.3e, %d of %d columns active",
                  k, rel.max(), active.sum(), active.size)
 
 
-def progress_bar(total: int, desc: str) -> Any:
-    """A tqdm bar for an iterative solve: iteration, largest relative residual, elapsed."""
-    from tqdm.auto import tqdm
+class SolveProgress:
+    """A tqdm bar (a widget in Jupyter) of an iterative solve: the iterations done and the
+    largest relative residual against ``tol``. It has no total: a solve stops at ``tol``,
+    usually long before ``max_iter``, so a percentage or an ETA to ``max_iter`` would
+    mislead, and a converged solve would end as a bar cut short (red in Jupyter)."""
 
-    return tqdm(total=total, desc=desc, unit="it")
+    def __init__(self, desc: str, tol: float) -> None:
+        from tqdm.auto import tqdm
+
+        self.tol = tol
+        self.bar = tqdm(total=None, desc=desc, unit="it")
+
+    def update(self, k: int, residual: float) -> None:
+        """Iteration ``k`` done, its largest relative residual ``residual``."""
+        self.bar.n = k
+        self.bar.set_postfix_str(f"residual={residual:.2e}, tol={self.tol:.0e}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(desc: str, tol: float) -> SolveProgress:
+    """The progress bar of an iterative solve (:class:`SolveProgress`)."""
+    return SolveProgress(desc, tol)

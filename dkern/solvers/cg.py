@@ -147,7 +147,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     saved = None if checkpoint is None else Checkpoint(
         checkpoint, checkpoint_every, _fingerprint(A, apply, Bd, X0, x0 is not None, tol,
                                                    refresh), "cg")
-    bar = progress_bar(max_iter, "dkern cg") if progress else None
+    bar = progress_bar("dkern cg", tol) if progress else None
     try:
         out = block_cg_loop(A.matvec, apply, Bd, X0, x0_given=x0 is not None,
                             tol=float(tol), max_iter=max_iter, refresh_every=refresh,

@@ -211,7 +211,7 @@ def _solve(op: NystromOperator, pre: FalkonPreconditioner, alpha: float, Kty: np
         return pre.apply_t(normal + alpha * pre.kmm_matvec(b))
 
     rhs = pre.apply_t(Kty)
-    bar = progress_bar(max_iter, "dkern falkon") if progress else None
+    bar = progress_bar("dkern falkon", tol) if progress else None
     try:
         return block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
                              tol=tol, max_iter=max_iter, refresh_every=50,

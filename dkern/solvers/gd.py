@@ -210,7 +210,7 @@ def descend(residual: Residual, X0: da.Array, *, step: float | Callable[[], floa
     tol = positive_number(tol, "tol", ", e.g. 1e-6")
     max_iter = GD_MAX_ITER if max_iter is None else integer(max_iter, "max_iter")
     X, history, norm0, k, step = _start(X0, step, checkpoint)
-    bar = progress_bar(max_iter, f"dkern {name}") if progress else None
+    bar = progress_bar(f"dkern {name}", tol) if progress else None
     try:
         while True:
             with dask.annotate(dkern_iteration=k):
@@ -286,6 +286,5 @@ def _report(k: int, rel: np.ndarray, callback: Callable[[int, np.ndarray], None]
     if callback is not None:
         callback(k, rel.copy())
     if bar is not None:
-        bar.n = k
-        bar.set_postfix(residual=f"{rel.max():.2e}")
+        bar.update(k, float(rel.max()))
     logger.debug("%s iteration %d: max relative residual %.3e", name, k, rel.max())
