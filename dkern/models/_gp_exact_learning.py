@@ -77,13 +77,15 @@ def lbfgs_on_estimate(objective: Objective, start: np.ndarray,
 
     Each round runs L-BFGS-B in the box of ``ESTIMATE_TRUST_RADIUS`` about its start
     (within the kernel's bounds); when the best θ a round evaluated lies on the box's edge,
-    the next round starts there, up to ``ESTIMATE_ROUNDS``. The box keeps every trial θ near one where C was well
-    conditioned: a far trial step (L-BFGS-B's first is a unit step along the gradient,
-    and from a good start its scale is unknown) can land where CG needs hundreds of
-    steps. The estimate's value and gradient come from the same probes but are not
-    exactly a function and its derivative, so near the optimum, where the gradient is
-    within its sampling error, the line search fails ("ABNORMAL"): there that is the
-    expected end, logged rather than warned about.
+    the next round starts there, up to ``ESTIMATE_ROUNDS``. The box keeps every trial θ
+    near one where C was well conditioned: a far trial step (L-BFGS-B's first is a unit
+    step along the gradient, and from a good start its scale is unknown) can land where
+    CG needs hundreds of steps.
+
+    The estimate's value and gradient come from the same probes but are not exactly a
+    function and its derivative, so near the optimum, where the gradient is within its
+    sampling error, the line search fails ("ABNORMAL"): there that is the expected end,
+    logged rather than warned about.
     """
     evaluate = _Remembered(objective)
     evaluate(start)
