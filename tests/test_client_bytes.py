@@ -131,7 +131,10 @@ def test_client_receives_no_n_sized_array(tmp_path, remote_client, received,
     # grow with an iteration's duration made it grow by 2.9 kB of 48 kB in CI once.
     assert abs(big["cg_per_iteration_median"] - small["cg_per_iteration_median"]) \
         < 0.5 * growth, figures
-    assert abs(big["predict_to_zarr"] - small["predict_to_zarr"]) < 0.1 * growth, figures
+    # Predicting n rows against n training rows takes 4x as long at 2n, and the periodic
+    # messages grow with it: 3.7 kB of the 32 kB one gathered prediction vector would add
+    # (CI, 2026-11-26); a quarter of that vector still tells it from this noise.
+    assert abs(big["predict_to_zarr"] - small["predict_to_zarr"]) < 0.25 * growth, figures
     # The whole fits add the preconditioner's / the sketch's O(r²), O(M²) transfers; what
     # they receive grows by well under the n-vector a gathered solution would add.
     assert abs(big["nystrom_fit"] - small["nystrom_fit"]) < 0.5 * growth, figures
