@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--std: the model {args.model!r} is a {type(model).__name__}, which "
                          "has no predictive variance; fit a Gaussian process (dkern fit "
                          "--model-type gp), or drop --std.")
-    _check_rows(model, args)  # before a cluster starts
+    m = _checked_rows(model, args)  # before a cluster starts
     if args.y:
-        _check_truth(model, args)  # before any work: a failed --y leaves the store untouched
+        _check_truth(model, args, m)  # before any work: a failed --y leaves the store untouched
     if is_gp:
         _refuse_taken(args, std_out)
     with cluster_client(args):
@@ -112,8 +112,9 @@ def _refuse_outputs_over_inputs(args: argparse.Namespace, std_out: str | None) -
                                  f"{path!r}; write the predictions to another array")
 
 
-def _check_rows(model: Any, args: argparse.Namespace) -> None:
-    """Refuse an ``--x`` that is missing or whose rows are not the model's features."""
+def _checked_rows(model: Any, args: argparse.Namespace) -> int:
+    """The number of rows of ``--x``; refuses one that is missing or whose rows are not
+    the model's features."""
     from ..io import open_array
 
     X = open_array(args.data, args.x)
@@ -121,17 +122,19 @@ def _check_rows(model: Any, args: argparse.Namespace) -> None:
     if X.ndim != 2 or X.shape[1] != d:
         raise ValueError(f"--x {args.x!r} has shape {X.shape}; the model {args.model!r} was "
                          f"fitted on {d} features, so expected (m, {d}) (nothing was written).")
+    return X.shape[0]
 
 
-def _check_truth(model: Any, args: argparse.Namespace) -> None:
-    """Refuse a ``--y`` whose shape is not that of the predictions for ``--x``."""
+def _check_truth(model: Any, args: argparse.Namespace, m: int) -> None:
+    """Refuse a ``--y`` whose shape is not that of the predictions for the m rows of
+    ``--x``."""
     from ..io import open_array
 
     coef = model.dual_coef_ if hasattr(model, "dual_coef_") else model.alpha_  # KRR or GP
     targets = coef.shape[1:]
     if targets == (1,) and not hasattr(model, "dual_coef_"):
         targets = ()  # a GP fitted on y (n, 1) predicts (m,), as scikit-learn's
-    want = (open_array(args.data, args.x).shape[0], *targets)
+    want = (m, *targets)
     got = open_array(args.data, args.y).shape
     if got != want:
         raise ValueError(f"--y {args.y!r} has shape {got}, but the predictions for --x "

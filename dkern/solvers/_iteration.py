@@ -408,8 +408,3 @@ class SolveProgress:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def progress_bar(desc: str, tol: float) -> SolveProgress:
-    """The progress bar of an iterative solve (:class:`SolveProgress`)."""
-    return SolveProgress(desc, tol)

@@ -20,7 +20,7 @@ from dask.base import tokenize
 
 from ..errors import ConvergenceWarning
 from ._checks import integer, positive_number, square_operator
-from ._iteration import Coefficients, LoopResult, block_cg_loop, progress_bar, stall_advice
+from ._iteration import Coefficients, LoopResult, SolveProgress, block_cg_loop, stall_advice
 from .checkpoint import CHECKPOINT_EVERY, Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def cg(A: LinearOperator, B: Any, *, x0: Any = None, preconditioner: Preconditio
     saved = None if checkpoint is None else Checkpoint(
         checkpoint, checkpoint_every, _fingerprint(A, apply, Bd, X0, x0 is not None, tol,
                                                    refresh), "cg")
-    bar = progress_bar("dkern cg", tol) if progress else None
+    bar = SolveProgress("dkern cg", tol) if progress else None
     try:
         out = block_cg_loop(A.matvec, apply, Bd, X0, x0_given=x0 is not None,
                             tol=float(tol), max_iter=max_iter, refresh_every=refresh,

@@ -40,7 +40,7 @@ from ..kernels import Kernel
 from ..operators import persist_budget
 from ..operators.nystrom import NystromOperator
 from ._checks import integer, positive_number
-from ._iteration import LoopResult, block_cg_loop, progress_bar, stall_advice
+from ._iteration import LoopResult, SolveProgress, block_cg_loop, stall_advice
 from .checkpoint import CHECKPOINT_EVERY, Checkpoint
 from .preconditioners import FalkonPreconditioner, factor_solve_t
 from .sampling import gather_rows
@@ -211,7 +211,7 @@ def _solve(op: NystromOperator, pre: FalkonPreconditioner, alpha: float, Kty: np
         return pre.apply_t(normal + alpha * pre.kmm_matvec(b))
 
     rhs = pre.apply_t(Kty)
-    bar = progress_bar("dkern falkon", tol) if progress else None
+    bar = SolveProgress("dkern falkon", tol) if progress else None
     try:
         return block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
                              tol=tol, max_iter=max_iter, refresh_every=50,

@@ -35,7 +35,7 @@ from dask.base import tokenize
 
 from ..errors import ConvergenceWarning, DkernError
 from ._checks import integer, positive_number, square_operator
-from ._iteration import _dot, progress_bar
+from ._iteration import SolveProgress, _dot
 from .cg import LinearOperator, _as_vectors
 from .checkpoint import CHECKPOINT_EVERY, Checkpoint, decode
 from .lanczos import lanczos_decomposition
@@ -210,7 +210,7 @@ def descend(residual: Residual, X0: da.Array, *, step: float | Callable[[], floa
     tol = positive_number(tol, "tol", ", e.g. 1e-6")
     max_iter = GD_MAX_ITER if max_iter is None else integer(max_iter, "max_iter")
     X, history, norm0, k, step = _start(X0, step, checkpoint)
-    bar = progress_bar(f"dkern {name}", tol) if progress else None
+    bar = SolveProgress(f"dkern {name}", tol) if progress else None
     try:
         while True:
             with dask.annotate(dkern_iteration=k):
