@@ -281,6 +281,19 @@ def test_script_started_workers_have_dkern_settings(tmp_path):
                 dask_worker.memory_manager.memory_pause_fraction,
                 dask_worker.memory_manager.memory_limit,
                 "dkern-malloc-trim" in dask_worker.periodic_callbacks))
+            with dask.config.set(scheduler=client):  # dkern's client: numpy scalars stay so
+                total = da.ones((1000, 1000), chunks=500).sum().compute()
+            # a plain worker joining later (no dkern preload) learns dkern's scalar family
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker",
+                 f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--no-dashboard"], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                start_new_session=True))
+            client.wait_for_workers(2, timeout=120)
+            late, = set(client.scheduler_info()["workers"]) - set(got)
+            late_total = client.submit(np.int64, 7, workers=[late], pure=False).result(timeout=60)
+            plain = subprocess.run([sys.executable, "-c", PLAIN_CLIENT, f"tcp://127.0.0.1:{port}"],
+                                   capture_output=True, text=True, timeout=120, cwd=tmp_path)
         finally:
             client.close()
     finally:
@@ -294,3 +307,20 @@ def test_script_started_workers_have_dkern_settings(tmp_path):
     (address, values), = got.items()
     assert address.startswith("tcp://127.0.0.1:")
     assert values == (str(32 * MIB), str(WORKER_CONFIG), 0.8, 700 * 10**6, True)
+    assert type(total) is np.float64 and total == 1e6
+    assert type(late_total) is np.int64 and late_total == 7
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert plain.stdout.split() == ["float64", "1000000.0", "1000000.0", "dkern-not-imported"]
+
+
+#: A plain Dask client, without dkern, on a dkern cluster: numpy scalar results (a reduction,
+#: dask's float(array)) must deserialize as they do on any cluster.
+PLAIN_CLIENT = """
+import sys
+import dask, dask.array as da
+from distributed import Client
+with Client(sys.argv[1], timeout=60) as client, dask.config.set(scheduler=client):
+    total = da.ones((1000, 1000), chunks=500).sum().compute()
+    print(type(total).__name__, total, float(da.ones((1000, 1000), chunks=500).sum()))
+print("dkern-imported" if "dkern" in sys.modules else "dkern-not-imported")
+"""

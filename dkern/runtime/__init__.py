@@ -87,17 +87,30 @@ def connect(address: str | None = None, *, check_versions: bool = True,
     deserializers = None if trusted_results else SAFE_DESERIALIZERS
     client = _embedded(deserializers, kwargs) if address is None else \
         _remote(address, deserializers, kwargs)
-    if check_versions:
-        try:
+    try:
+        if check_versions:
             checks.check_versions(client)
-        except Exception:
-            _close(client)
-            raise
+        _register_scalar_family(client)
+    except Exception:
+        _close(client)
+        raise
     if watch_pauses:
         PauseWatch(client).start()  # its thread ends when the client closes
     logger.info("dkern connected to %s; dashboard: %s", client.scheduler.address,
                 client.dashboard_link)
     return client
+
+
+def _register_scalar_family(client: Client) -> None:
+    """Teach the scheduler and every worker, present and future, the numpy-scalar family
+    the safe client asks for (:mod:`.scalars`); dkern must be importable there."""
+    try:
+        client.run_on_scheduler(scalars.register_on_scheduler)
+        client.register_plugin(scalars.ScalarFamilyPlugin())
+    except ModuleNotFoundError as error:
+        raise checks.ClusterVersionError(
+            f"the cluster at {client.scheduler.address} cannot import dkern ({error}); "
+            "install the same dkern on the scheduler and workers as on this client") from error
 
 
 def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client:

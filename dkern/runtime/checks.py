@@ -6,15 +6,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .scalars import SCALAR_FAMILY
+
 #: Packages whose versions must agree on client, scheduler and workers: task functions
 #: are pickled by reference to dkern's code, and arrays cross in dask/numpy's formats.
 CHECKED_PACKAGES = ("dkern", "dask", "distributed", "numpy")
 
-#: Serialization families a dkern client accepts from the cluster by default: dask's own
-#: (numpy arrays as raw buffers), msgpack (numbers, strings, lists, dicts) and distributed's
-#: "could not serialize" message. Not "pickle": a result that needs it (an arbitrary Python
-#: object) is refused instead of unpickled on the client.
-SAFE_DESERIALIZERS = ["dask", "msgpack", "error"]
+#: Serialization families a dkern client accepts from the cluster by default: numpy scalars
+#: as 0-d buffers (:mod:`.scalars`), dask's own (numpy arrays as raw buffers), msgpack
+#: (numbers, strings, lists, dicts) and distributed's "could not serialize" message. Not
+#: "pickle": a result that needs it (an arbitrary Python object) is refused instead of
+#: unpickled on the client.
+SAFE_DESERIALIZERS = [SCALAR_FAMILY, "dask", "msgpack", "error"]
 
 
 class ClusterVersionError(RuntimeError):
