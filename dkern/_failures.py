@@ -75,9 +75,10 @@ def worker_failures() -> Iterator[None]:
 LOST_DATA_HELP = (
     "arrays this computation needs were persisted on a Dask cluster that no longer holds "
     "them: its client was closed, or the workers holding them died ({err}). A model fitted "
-    "on dask or Zarr rows keeps its coefficients on the cluster that fitted it: keep that "
-    "client open while using the model, or dkern.save the model there and dkern.load it "
-    "under the new client, or fit it again.")
+    "on dask or Zarr rows keeps its coefficients on the cluster that fitted it, until a "
+    "client from dkern.connect() gathers them into the model as it closes; under another "
+    "client keep it open while using the model, or dkern.save the model there and "
+    "dkern.load it under the new client, or fit it again.")
 
 
 def _is_killed_worker(err: BaseException) -> bool:
@@ -87,8 +88,12 @@ def _is_killed_worker(err: BaseException) -> bool:
 
 def _is_lost_data(err: BaseException) -> bool:
     distributed = sys.modules.get("distributed")
-    return (distributed is not None and isinstance(err, distributed.client.FutureCancelledError)
-            and "lost dependencies" in str(err))
+    if distributed is None:
+        return False
+    # a released future's task inside a new graph: dask finds its key nowhere
+    missing = isinstance(err, ValueError) and str(err).startswith("Missing dependency")
+    return missing or (isinstance(err, distributed.client.FutureCancelledError)
+                       and "lost dependencies" in str(err))
 
 
 def _translated(err: Any) -> WorkerFailureError:

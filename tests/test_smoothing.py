@@ -51,6 +51,25 @@ def test_gaussian_kde_equals_sklearn_on_real_data():
                                                                                  rel=1e-12)
 
 
+@pytest.mark.parametrize("rule", ["scott", "silverman"])
+def test_bandwidth_rules_equal_sklearns(rule, tmp_path):
+    """scikit-learn's rules of thumb, by name: the same bandwidth_ and densities (1e-12),
+    kept by a saved model; an unknown rule is refused by name."""
+    X, _ = _diabetes()
+    train, test = X[:300], X[300:]
+    ours = KernelDensity(bandwidth=rule).fit(train)
+    theirs = SklearnKernelDensity(bandwidth=rule).fit(train)
+    assert ours.bandwidth_ == pytest.approx(theirs.bandwidth_, rel=1e-15)
+    np.testing.assert_allclose(ours.score_samples(test), theirs.score_samples(test),
+                               rtol=1e-12)
+    dkern.save(ours, tmp_path / "kde.zarr")
+    back = dkern.load(tmp_path / "kde.zarr")
+    assert back.bandwidth == rule and back.bandwidth_ == ours.bandwidth_
+    with pytest.raises(ValueError, match=r"bandwidth must be a number > 0 or one of "
+                                         r"\['scott', 'silverman'\]; got 'scot'"):
+        KernelDensity(bandwidth="scot").fit(train)
+
+
 def test_box_kde_of_bandwidth_2h_equals_sklearn_tophat_of_h_in_one_dimension():
     """The seeds' hypercube of side 2h is scikit-learn's ball of radius h in 1-D only."""
     X, _ = _diabetes()

@@ -17,15 +17,29 @@ were dask arrays when saved (they load lazily again).
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import dask
+import dask.array as da
 import numpy as np
+from dask.utils import format_bytes
 
+from .. import _closing
+from .._failures import worker_failures
 from ..errors import StoreError
 from ._validation import finite_number
 from .labels import decode_classes, encode_classes
+
+logger = logging.getLogger(__name__)
+
+#: The most bytes of cluster-held arrays a model gathers into the client so that it
+#: outlives that client (:meth:`DeclaredState._bring_home`); a larger model is saved
+#: with ``dkern.save`` while its client is open (the workers write its arrays).
+GATHER_MAX_BYTES = 2**30
 
 #: A rule giving dimensions fixed by a file's attributes: ``(params, fitted)`` to
 #: ``{symbol: (size, where it comes from)}``.
@@ -157,6 +171,70 @@ class DeclaredState:
         for name, value in state.items():
             if name not in layout.private:
                 setattr(self, f"{name}_" if name in layout.arrays else name, value)
+
+    # ------------------------------------------- arrays held on a Dask cluster
+    def _cluster_held(self) -> dict[str, Any]:
+        """The fitted attributes that are dask arrays persisted on a Dask cluster, which
+        vanish with the client holding them (a CG solution on dask or Zarr rows)."""
+        return {name: value for name, value in vars(self).items()
+                if name.endswith("_") and _futures(value)}
+
+    def _settle_at_close(self) -> None:
+        """At the end of a fit: have :meth:`_bring_home` run before the client holding
+        this model's arrays closes, if it holds any."""
+        for client_id in {f.client.id for v in self._cluster_held().values()
+                          for f in _futures(v)}:
+            _closing.settle_before_close(client_id, self)
+
+    def _bring_home(self) -> None:
+        """Gather the cluster-held arrays into numpy (at most ``GATHER_MAX_BYTES``), so
+        that the model is a value: it pickles, and predicts after its client closes.
+
+        Raises
+        ------
+        TypeError
+            They are larger than ``GATHER_MAX_BYTES`` (a pickle could not hold them).
+        LostDataError
+            The cluster no longer holds them.
+        """
+        held = self._cluster_held()
+        if not held:
+            return
+        size = sum(value.nbytes for value in held.values())
+        if size > GATHER_MAX_BYTES:
+            raise TypeError(
+                f"{type(self).__name__}'s {', '.join(held)} ({format_bytes(size)}) are held "
+                "in the memory of the Dask cluster that fitted it, more than dkern gathers "
+                f"into a client ({format_bytes(GATHER_MAX_BYTES)}), so a pickle cannot hold "
+                "them. Save the model with dkern.save(model, 'model.zarr') while its client "
+                "is open (the workers write the arrays) and dkern.load it later.")
+        with worker_failures():
+            values = dask.compute(*held.values())
+        arrays = {name: np.ascontiguousarray(v) for name, v in zip(held, values, strict=True)}
+        layout = self._file_layout()
+        state = {**self._file_state(), **{name[:-1]: a for name, a in arrays.items()
+                                          if name[:-1] in layout.arrays}}
+        self._set_file_state(state)  # rebuilds what depends on them (a GP's posterior)
+        for name, a in arrays.items():
+            if name[:-1] not in layout.arrays:
+                setattr(self, name, a)
+        logger.info("%s: gathered %s (%s) from the cluster into this process, so the model "
+                    "outlives its client", type(self).__name__, ", ".join(held),
+                    format_bytes(size))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its arrays in numpy: cluster-held ones are gathered first."""
+        self._bring_home()
+        return super().__getstate__()  # type: ignore[misc]
+
+
+def _futures(value: Any) -> list[Any]:
+    """The distributed futures a dask array's graph holds (its persisted chunks)."""
+    if not isinstance(value, da.Array) or "distributed" not in sys.modules:
+        return []
+    from distributed.client import futures_of
+
+    return futures_of(value)
 
 
 # ---------------------------------------------------------------- dimension rules

@@ -273,6 +273,23 @@ def checked_kernel(kernel: Any, default: Kernel) -> Kernel:
     return kernel
 
 
+class DefaultKernel:
+    """An estimator whose ``kernel=None`` means ``_default_kernel()``: ``set_params`` with
+    nested ``kernel__…`` keys makes that default explicit first, so a parameter grid for
+    the default kernel's hyperparameters (``{"kernel__lengthscale": [...]}``) works where
+    it would fail on None ("'NoneType' object has no attribute 'set_params'")."""
+
+    @staticmethod
+    def _default_kernel() -> Kernel:
+        raise NotImplementedError
+
+    def set_params(self, **params: Any) -> Any:
+        nested = any(key.startswith("kernel__") for key in params)
+        if nested and "kernel" not in params and getattr(self, "kernel", None) is None:
+            self.kernel = self._default_kernel()  # a fresh one: never a shared default
+        return super().set_params(**params)  # type: ignore[misc]
+
+
 def is_sklearn_kernel(kernel: Any) -> bool:
     """Whether ``kernel`` is a scikit-learn ``sklearn.gaussian_process.kernels`` object."""
     return type(kernel).__module__.startswith("sklearn.gaussian_process")

@@ -45,8 +45,10 @@ class KernelDensity(DeclaredState, BaseEstimator):
     Parameters
     ----------
     kernel : {"gaussian", "box"} or dkern Gaussian, default="gaussian"
-    bandwidth : float, default=1.0
-        h > 0.
+    bandwidth : float or {"scott", "silverman"}, default=1.0
+        h > 0, or a rule of thumb computed at fit from the N rows and D features as
+        scikit-learn does: Scott's ``N^(-1/(D+4))``, Silverman's
+        ``(N (D+2) / 4)^(-1/(D+4))`` (for standardised features).
     backend : {"auto", "numpy", "keops"}, default="auto"
         How the log-sum-exp over the training rows is computed: numpy tiles, or KeOps
         reductions (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
@@ -55,13 +57,15 @@ class KernelDensity(DeclaredState, BaseEstimator):
     ----------
     X_fit_ : ndarray or dask.array.Array of shape (N, D)
         The training rows as given (numpy in memory; dask or Zarr rows stay lazy).
+    bandwidth_ : float
+        The h used: ``bandwidth``, or its rule's value.
     log_norm_ : float
         ``log p(x) = log Σₙ κ((x − xₙ)/h) + log_norm_`` with κ the kernel without its
         constant (``exp(−‖u‖²/2ℓ²)``, or the box's 1): ``−log N − log(h^D ∫κ)``.
     n_features_in_ : int
     """
 
-    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0,
+    def __init__(self, kernel: Any = "gaussian", *, bandwidth: float | str = 1.0,
                  backend: str = "auto") -> None:
         self.kernel = kernel
         self.bandwidth = bandwidth
@@ -80,11 +84,18 @@ class KernelDensity(DeclaredState, BaseEstimator):
         -------
         self
         """
-        h = _smoothing.check_bandwidth(self.bandwidth)
+        rule = self.bandwidth if isinstance(self.bandwidth, str) else None
+        if rule not in (None, *BANDWIDTH_RULES):
+            raise ValueError(f"bandwidth must be a number > 0 or one of "
+                             f"{sorted(BANDWIDTH_RULES)}; got {self.bandwidth!r}.")
+        if rule is None:
+            _smoothing.check_bandwidth(self.bandwidth)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
         resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         n, d = Xv.shape
+        h = BANDWIDTH_RULES[rule](n, d) if rule else float(self.bandwidth)
+        self.bandwidth_ = h
         if box:
             volume = d * np.log(h)
         else:
@@ -94,6 +105,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
         logger.info("KernelDensity: %d rows, %d features, %s kernel, bandwidth %g", n, d,
                     "box" if box else "Gaussian", h)
+        self._settle_at_close()
         return self
 
     @worker_failures()
@@ -113,7 +125,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
         sums = _smoothing.log_sums(Xv, self.X_fit_, kernel=kernel, box=box,
-                                   bandwidth=float(self.bandwidth), name="dkern-kde",
+                                   bandwidth=self.bandwidth_, name="dkern-kde",
                                    backend=resolve_backend(self.backend))
         logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
                              dtype=np.float64, meta=np.empty(0))
@@ -152,7 +164,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         idx = rng.integers(self.X_fit_.shape[0], size=int(n_samples))
         rows = (gather_rows(self.X_fit_, idx) if isinstance(self.X_fit_, da.Array)
                 else in_memory(self.X_fit_)[idx])
-        h, shape = float(self.bandwidth), rows.shape
+        h, shape = self.bandwidth_, rows.shape
         if box:
             return rows + h * rng.uniform(-0.5, 0.5, size=shape)
         return rows + h * _lengthscales(kernel, shape[1]) * rng.standard_normal(size=shape)
@@ -161,7 +173,15 @@ class KernelDensity(DeclaredState, BaseEstimator):
     #: dkern kernel's repr, or null for a named one (then in "params").
     _model_file = ModelFile(marker="log_norm_", kernel="given", layouts=FileLayout(
         arrays={"X_fit": ("n", "d")}, lazy=("X_fit",),
-        scalars={"n_features_in_": "positive", "log_norm_": "number"}))
+        scalars={"n_features_in_": "positive", "log_norm_": "number",
+                 "bandwidth_": "number"}))
+
+
+#: scikit-learn's rules of thumb for the bandwidth, from N rows and D features.
+BANDWIDTH_RULES: dict[str, Any] = {
+    "scott": lambda n, d: n ** (-1 / (d + 4)),
+    "silverman": lambda n, d: (n * (d + 2) / 4) ** (-1 / (d + 4)),
+}
 
 
 def _lengthscales(kernel: Kernel | None, d: int) -> np.ndarray:

@@ -32,6 +32,7 @@ from ._gp_predictive import MAX_COV_BYTES, PosteriorPredictive
 from ._gp_sparse_learning import learned_sparse_posterior
 from ._model_file import DeclaredState
 from ._validation import (
+    DefaultKernel,
     as_float64,
     check_tol,
     check_X,
@@ -57,7 +58,7 @@ logger = logging.getLogger(__name__)
 Posterior = ExactPosterior | CGPosterior | LanczosPosterior | SparsePosterior
 
 
-class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixin,
+class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive, RegressorMixin,
                                BaseEstimator):
     """Gaussian process regression on data larger than memory.
 
@@ -228,6 +229,11 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
     _targets: TargetScaling
     _pivot_seed: int
 
+    @staticmethod
+    def _default_kernel() -> Kernel:
+        """``kernel=None``: scikit-learn's default ``1.0 * RBF(1.0)``, learnable."""
+        return Scaled(1.0, Gaussian(1.0))
+
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1e-10,
                  solver: str = "auto", variance: str = "auto", n_centers: int | None = None,
                  lanczos_rank: int = 100, preconditioner_rank: int = CG_PRECONDITIONER_RANK,
@@ -328,11 +334,12 @@ class GaussianProcessRegressor(DeclaredState, PosteriorPredictive, RegressorMixi
         self._bind(self._answering(solved, variance, alpha))
         logger.info("GaussianProcessRegressor: solver=%s, variance=%s, kernel_=%r, lml=%.6g",
                     solver, variance, self.kernel_, self.log_marginal_likelihood_value_)
+        self._settle_at_close()
         return self
 
     def _given_kernel(self) -> Kernel:
         """``kernel``, or the default: scikit-learn's ``C() * RBF()``."""
-        return checked_kernel(self.kernel, Scaled(1.0, Gaussian(1.0)))
+        return checked_kernel(self.kernel, self._default_kernel())
 
     def _checked_alpha(self, solver: str) -> float:
         return _gp_methods.checked_noise(self.alpha, solver)

@@ -21,6 +21,7 @@ from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
 from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim
 from ._validation import (
+    DefaultKernel,
     check_choice,
     check_labels,
     check_optional_int,
@@ -42,7 +43,7 @@ MULTI_CLASS = ("one_vs_rest", "binary")
 PROBABILITIES = ("sklearn", "probit")
 
 
-class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
+class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, BaseEstimator):
     """Gaussian process classification by the Laplace approximation (logistic link).
 
     For 0/1 targets ``t``, ``π = σ(f)`` and ``W = diag(π(1 − π))``, Newton's method finds the
@@ -135,6 +136,11 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
     _chols: list[np.ndarray] | None  # Cholesky factors of B at each mode (exact solver)
     X_fit_: np.ndarray | da.Array
 
+    @staticmethod
+    def _default_kernel() -> Kernel:
+        """``kernel=None``: scikit-learn's default, ``1.0 * RBF(1.0)`` with both fixed."""
+        return Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"), constant_bounds="fixed")
+
     def __init__(self, kernel: Kernel | None = None, *, optimizer: Any = "lbfgs",
                  n_restarts_optimizer: int = 0, max_iter_predict: int = 100,
                  multi_class: str = "one_vs_rest", probabilities: str = "sklearn",
@@ -204,6 +210,7 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         logger.info("GaussianProcessClassifier: solver=%s, Newton steps %s, kernel_=%r, "
                     "lml=%.6g", self.solver_, self.n_iter_.tolist(), self.kernel_,
                     self.log_marginal_likelihood_value_)
+        self._settle_at_close()
         return self
 
     def _learned_kernels(self, kernel: Kernel, X: Any) -> list[Kernel]:
@@ -330,9 +337,7 @@ class GaussianProcessClassifier(DeclaredState, ClassifierMixin, BaseEstimator):
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 1:
             raise ValueError(f"max_iter_predict must be an integer >= 1 (Newton steps), e.g. 100; "
                              f"got {steps!r}.")
-        kernel = checked_kernel(  # scikit-learn's default: 1.0 * RBF(1.0), both fixed
-            self.kernel, Scaled(1.0, Gaussian(1.0, lengthscale_bounds="fixed"),
-                                constant_bounds="fixed"))
+        kernel = checked_kernel(self.kernel, self._default_kernel())
         # dkern's Laplace engine forms only blocks k(x, z), where White is zero: refused
         # rather than ignored (scikit-learn's classifier would add it to the latent prior)
         return refuse_white(kernel, "GaussianProcessClassifier",

@@ -20,6 +20,7 @@ from ..operators import gram
 from . import _klr
 from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim, residual_rows_dim
 from ._validation import (
+    DefaultKernel,
     as_generator,
     check_alpha,
     check_choice,
@@ -28,6 +29,7 @@ from ._validation import (
     check_tol,
     check_X,
     checked_kernel,
+    finite_number,
     refuse_white,
 )
 from .labels import one_vs_rest_targets
@@ -38,7 +40,7 @@ logger = logging.getLogger(__name__)
 SOLVERS = ("newton-cg", "gd")
 
 
-class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
+class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, BaseEstimator):
     """Kernel logistic regression (no intercept), binary and one-vs-rest, on data larger
     than memory.
 
@@ -64,6 +66,11 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
         is refused: the logistic likelihood has no noise variance to learn.
     alpha : float, default=1.0
         Weight of the penalty ``α/2 βᵀKβ``; > 0.
+    C : float, optional
+        scikit-learn's inverse regularisation strength instead of ``alpha``: the fit uses
+        ``alpha = 1 / (n · C)`` for n training rows, so ``C`` means what it means in
+        :class:`~sklearn.linear_model.LogisticRegression` (above). Leave ``alpha`` at its
+        default when giving ``C``.
     solver : {"newton-cg", "gd"}, default="newton-cg"
         ``"newton-cg"``: Newton's method in function space, each step's SPD system solved
         by CG on the lazy Gram operator, with a step-halving line search: a few Newton
@@ -111,11 +118,18 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
     converged_: bool
     n_features_in_: int
 
+    @staticmethod
+    def _default_kernel() -> Kernel:
+        """``kernel=None``: ``Gaussian(1.0)``."""
+        return Gaussian(1.0)
+
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1.0,
-                 solver: str = "newton-cg", tol: float = 1e-6, max_iter: int | None = None,
-                 backend: str = "auto", random_state: Any = None) -> None:
+                 C: float | None = None, solver: str = "newton-cg", tol: float = 1e-6,
+                 max_iter: int | None = None, backend: str = "auto",
+                 random_state: Any = None) -> None:
         self.kernel = kernel
         self.alpha = alpha
+        self.C = C
         self.solver = solver
         self.tol = tol
         self.max_iter = max_iter
@@ -142,7 +156,7 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
         self
         """
         kernel = refuse_white(
-            checked_kernel(self.kernel, Gaussian(1.0)), "KernelLogisticRegression",
+            checked_kernel(self.kernel, self._default_kernel()), "KernelLogisticRegression",
             "The logistic likelihood has no noise variance to learn; remove the White term "
             "(kernel.without_white()).")
         solver = check_choice(self.solver, "solver", SOLVERS)
@@ -150,6 +164,8 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
         tol = check_tol(self.tol)
         max_iter = check_optional_int(self.max_iter, "max_iter", 1)
         Xv = check_X(self, X, reset=True)
+        if self.C is not None:
+            alpha = self._alpha_of_C(Xv.shape[0])
         labels = check_labels(y, Xv.shape[0], "KernelLogisticRegression")
         self.classes_, codes = np.unique(labels, return_inverse=True)
         if len(self.classes_) < 2:
@@ -171,7 +187,20 @@ class KernelLogisticRegression(DeclaredState, ClassifierMixin, BaseEstimator):
                           ConvergenceWarning, stacklevel=2)
         logger.info("KernelLogisticRegression: solver=%s, %d iterations, converged=%s", solver,
                     self.n_iter_, self.converged_)
+        self._settle_at_close()
         return self
+
+    def _alpha_of_C(self, n: int) -> float:
+        """``alpha = 1 / (n · C)``, scikit-learn's ``C`` for n rows."""
+        C = finite_number(self.C)
+        if C is None or C <= 0:
+            raise ValueError(f"C must be a finite number > 0 (scikit-learn's inverse "
+                             f"regularisation strength); got {self.C!r}.")
+        if self.alpha != 1.0:
+            raise ValueError(f"give alpha or C, not both: got alpha={self.alpha!r} and "
+                             f"C={self.C!r}. C sets alpha = 1 / (n · C); leave alpha at "
+                             "its default 1.0, or set C=None.")
+        return 1.0 / (n * C)
 
     def _solve(self, kernel: Kernel, X: Any, codes: np.ndarray, solver: str, alpha: float,
                tol: float, max_iter: int | None, callback: Any) -> _klr.KlrFit:

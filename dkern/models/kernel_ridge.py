@@ -21,6 +21,7 @@ from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
 from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, residual_rows_dim
 from ._validation import (
+    DefaultKernel,
     as_float64,
     as_generator,
     check_alpha,
@@ -53,7 +54,7 @@ CENTERS = ("uniform", "leverage")
 CG_PRECONDITIONER_RANK = 300
 
 
-class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
+class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
     """Kernel ridge regression on data larger than memory.
 
     With ``alpha`` exactly as in :class:`sklearn.kernel_ridge.KernelRidge`, the
@@ -167,6 +168,11 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
     converged_: bool
     n_features_in_: int
 
+    @staticmethod
+    def _default_kernel() -> Kernel:
+        """``kernel=None``: ``Gaussian(1.0)``."""
+        return Gaussian(1.0)
+
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1.0, solver: str = "auto",
                  n_centers: int | None = None, centers: str = "uniform", tol: float = 1e-6,
                  max_iter: int | None = None, backend: str = "auto",
@@ -211,7 +217,7 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         -------
         self
         """
-        kernel = checked_kernel(self.kernel, Gaussian(1.0))
+        kernel = checked_kernel(self.kernel, self._default_kernel())
         solver = check_choice(self.solver, "solver", SOLVERS)
         check_choice(self.centers, "centers", CENTERS)
         tol = check_tol(self.tol)
@@ -243,6 +249,7 @@ class KernelRidge(DeclaredState, RegressorMixin, BaseEstimator):
         self.solver_ = solver
         logger.info("KernelRidge: solver=%s, %d iterations, converged=%s", solver, self.n_iter_,
                     self.converged_)
+        self._settle_at_close()
         return self
 
     @worker_failures()

@@ -90,6 +90,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         Xv = check_X(self, X, reset=True)
         self.y_fit_ = check_y(y, Xv.shape[0], "NadarayaWatson")
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        self._settle_at_close()
         return self
 
     @worker_failures()

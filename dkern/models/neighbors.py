@@ -136,6 +136,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         """
         Xv = self._fit_rows(X)
         self.y_fit_ = in_memory(check_y(y, Xv.shape[0], "KNeighborsRegressor"))
+        self._settle_at_close()
         return self
 
     def predict(self, X: Rows) -> Any:
@@ -201,6 +202,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         Xv = self._fit_rows(X)
         labels = check_labels(y, Xv.shape[0], "KNeighborsClassifier")
         self.classes_, self.y_codes_ = np.unique(labels, return_inverse=True)
+        self._settle_at_close()
         return self
 
     def predict_proba(self, X: Rows) -> Any:

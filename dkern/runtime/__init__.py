@@ -16,6 +16,7 @@ import dask
 from dask.utils import parse_timedelta
 from distributed import Client, LocalCluster
 
+from .._closing import settle
 from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
 from .checks import SAFE_DESERIALIZERS, ClusterVersionError
 from .config import WORKER_CONFIG, worker_config
@@ -101,6 +102,17 @@ def connect(address: str | None = None, *, check_versions: bool = True,
     return client
 
 
+class DkernClient(Client):
+    """distributed's ``Client``, which lets the models fitted on its cluster gather their
+    arrays before it closes (:mod:`dkern._closing`): they outlive it."""
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        if self.status not in ("closing", "closed", "newly-created") and not self.asynchronous:
+            with dask.config.set(scheduler=self):  # gather through this client
+                settle(self.id)
+        return super().close(*args, **kwargs)
+
+
 def _register_scalar_family(client: Client) -> None:
     """Teach the scheduler and every worker, present and future, the numpy-scalar family
     the safe client asks for (:mod:`.scalars`); dkern must be importable there."""
@@ -126,7 +138,7 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client
     with dask.config.set(settings), _spawn_environ(settings):
         cluster = LocalCluster(**kwargs)
     try:
-        return Client(cluster, deserializers=deserializers)
+        return DkernClient(cluster, deserializers=deserializers)
     except Exception:
         cluster.close()
         raise
@@ -164,7 +176,7 @@ def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any
     try:
         # distributed waits without end on a port that is not a scheduler's (probe.py)
         probe_scheduler(address, _connect_timeout(kwargs))
-        return Client(address, **kwargs)
+        return DkernClient(address, **kwargs)
     except NotASchedulerError:
         raise
     except OSError as err:

@@ -1,0 +1,79 @@
+"""scikit-learn parity of the estimators' API (issue 27 item 7), each against
+scikit-learn's own estimator on real data (scikit-learn's bundled diabetes study).
+
+The KDE's bandwidth rules are tested with the KDE (tests/test_smoothing.py).
+"""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.kernel_ridge import KernelRidge as SklearnKernelRidge
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV, KFold
+
+import dkern
+
+
+@pytest.fixture(autouse=True)
+def _sync(sync_scheduler):
+    """Dask's synchronous scheduler: numpy data, no cluster needed."""
+
+
+def _diabetes():
+    X, y = load_diabetes(return_X_y=True)
+    return (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+
+
+@pytest.mark.parametrize("make", [lambda: dkern.KernelRidge(),
+                                  lambda: dkern.KernelRidge(kernel=None, solver="exact")])
+def test_grid_search_over_the_default_kernels_lengthscale(make):
+    """A grid over the default kernel's hyperparameter works (it raised "'NoneType' object
+    has no attribute 'set_params'") and picks what scikit-learn's grid over the same
+    kernel picks: Gaussian(ℓ) is RBF with gamma = 1/(2ℓ²); the same scores to 1e-10."""
+    X, y = _diabetes()
+    ells = [2.0, 4.0, 8.0, 16.0]
+    folds = KFold(4, shuffle=True, random_state=0)
+    ours = GridSearchCV(make(), {"kernel__lengthscale": ells, "alpha": [0.1, 1.0]},
+                        cv=folds).fit(X, y)
+    theirs = GridSearchCV(SklearnKernelRidge(kernel="rbf"),
+                          {"gamma": [1 / (2 * e**2) for e in ells], "alpha": [0.1, 1.0]},
+                          cv=folds).fit(X, y)
+    np.testing.assert_allclose(ours.cv_results_["mean_test_score"],
+                               theirs.cv_results_["mean_test_score"], rtol=0, atol=1e-10)
+    assert ours.best_params_["alpha"] == theirs.best_params_["alpha"]
+    assert 1 / (2 * ours.best_params_["kernel__lengthscale"] ** 2) == \
+        pytest.approx(theirs.best_params_["gamma"], rel=1e-15)
+    assert make().kernel is None and make()._default_kernel() == dkern.kernels.Gaussian(1.0)
+
+
+def test_nested_kernel_params_on_the_default_gp_kernel_make_it_explicit():
+    gp = dkern.GaussianProcessRegressor().set_params(kernel__kernel__lengthscale=3.0)
+    assert gp.kernel == dkern.GaussianProcessRegressor._default_kernel().set_params(
+        kernel__lengthscale=3.0)
+    assert dkern.GaussianProcessRegressor().kernel is None
+    clf = dkern.GaussianProcessClassifier().set_params(kernel__constant=2.0)
+    assert clf.kernel.constant == 2.0 and clf.kernel.hyperparameters[0].fixed
+    with pytest.raises(ValueError, match="Scaled has no parameter 'k2'"):
+        dkern.GaussianProcessRegressor().set_params(kernel__k2__lengthscale=3.0)
+
+
+@pytest.mark.parametrize("C", [0.05, 1.0])
+def test_klr_takes_sklearns_C(C):
+    """KernelLogisticRegression(Linear(), C=C) is LogisticRegression(C=C,
+    fit_intercept=False) on the breast cancer study: probabilities to 1e-8; a grid over C
+    works; C with a non-default alpha, or C <= 0, is refused by name."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    ours = dkern.KernelLogisticRegression(dkern.kernels.Linear(), C=C, tol=1e-12).fit(
+        X[:300], y[:300])
+    theirs = LogisticRegression(C=C, fit_intercept=False, solver="newton-cholesky",
+                                tol=1e-12, max_iter=1000).fit(X[:300], y[:300])
+    np.testing.assert_allclose(ours.predict_proba(X[300:]), theirs.predict_proba(X[300:]),
+                               rtol=0, atol=1e-8)
+    search = GridSearchCV(dkern.KernelLogisticRegression(dkern.kernels.Linear(), tol=1e-10),
+                          {"C": [0.01, 1.0]}, cv=3).fit(X[:300], y[:300])
+    assert search.best_params_["C"] in (0.01, 1.0)
+    with pytest.raises(ValueError, match="give alpha or C, not both: got alpha=0.5 and C=1"):
+        dkern.KernelLogisticRegression(alpha=0.5, C=1).fit(X[:50], y[:50])
+    with pytest.raises(ValueError, match="C must be a finite number > 0 .* got -1"):
+        dkern.KernelLogisticRegression(C=-1).fit(X[:50], y[:50])
