@@ -40,7 +40,7 @@ def settle(client_id: str) -> None:
         models = list(_models.pop(client_id, ()))
     for model in models:
         try:
-            model._bring_home()
+            model._bring_home(client_id)
         except Exception as err:
             logger.warning("%s keeps arrays on the closing cluster, which loses them: %s",
                            type(model).__name__, err)

@@ -29,8 +29,8 @@ import numpy as np
 from dask.utils import format_bytes
 
 from .. import _closing
-from .._failures import worker_failures
-from ..errors import StoreError
+from .._failures import LOST_DATA_HELP, worker_failures
+from ..errors import LostDataError, StoreError
 from ._validation import finite_number
 from .labels import decode_classes, encode_classes
 
@@ -79,7 +79,7 @@ class FileLayout:
 
 
 #: "fitted" names a file may lack: feature names (fitted on arrays without them).
-OPTIONAL = frozenset({"feature_names_in_"})
+OPTIONAL = frozenset({"feature_names_in_", "bandwidth_"})
 
 
 @dataclass(frozen=True)
@@ -173,22 +173,27 @@ class DeclaredState:
                 setattr(self, f"{name}_" if name in layout.arrays else name, value)
 
     # ------------------------------------------- arrays held on a Dask cluster
-    def _cluster_held(self) -> dict[str, Any]:
+    def _cluster_held(self, client_id: str | None = None) -> dict[str, Any]:
         """The fitted attributes that are dask arrays persisted on a Dask cluster, which
-        vanish with the client holding them (a CG solution on dask or Zarr rows)."""
+        vanish with the client holding them (a CG solution on dask or Zarr rows); with
+        ``client_id``, only those that client holds."""
         return {name: value for name, value in vars(self).items()
-                if name.endswith("_") and _futures(value)}
+                if name.endswith("_") and (futures := _futures(value))
+                and (client_id is None or all(f.client.id == client_id for f in futures))}
 
     def _settle_at_close(self) -> None:
-        """At the end of a fit: have :meth:`_bring_home` run before the client holding
-        this model's arrays closes, if it holds any."""
-        for client_id in {f.client.id for v in self._cluster_held().values()
-                          for f in _futures(v)}:
-            _closing.settle_before_close(client_id, self)
+        """At the end of a fit: have :meth:`_bring_home` run before a client that
+        settles its models (``dkern.connect()``'s) and holds this model's arrays closes."""
+        clients = {f.client for v in self._cluster_held().values() for f in _futures(v)}
+        for client in clients:
+            if getattr(client, "settles_models", False):
+                _closing.settle_before_close(client.id, self)
 
-    def _bring_home(self) -> None:
-        """Gather the cluster-held arrays into numpy (at most ``GATHER_MAX_BYTES``), so
-        that the model is a value: it pickles, and predicts after its client closes.
+    def _bring_home(self, client_id: str | None = None) -> None:
+        """Gather the cluster-held arrays (those of ``client_id`` only, if given) into
+        numpy, through the client holding them, at most ``GATHER_MAX_BYTES``; what depends
+        on them is rebuilt (a GP's posterior). The model is then a value: it pickles, and
+        predicts after its client closes.
 
         Raises
         ------
@@ -197,24 +202,27 @@ class DeclaredState:
         LostDataError
             The cluster no longer holds them.
         """
-        held = self._cluster_held()
+        held = self._cluster_held(client_id)
         if not held:
             return
         size = sum(value.nbytes for value in held.values())
-        if size > GATHER_MAX_BYTES:
+        if not size <= GATHER_MAX_BYTES:  # NaN: chunks of unknown size
             raise TypeError(
                 f"{type(self).__name__}'s {', '.join(held)} ({format_bytes(size)}) are held "
                 "in the memory of the Dask cluster that fitted it, more than dkern gathers "
                 f"into a client ({format_bytes(GATHER_MAX_BYTES)}), so a pickle cannot hold "
                 "them. Save the model with dkern.save(model, 'model.zarr') while its client "
                 "is open (the workers write the arrays) and dkern.load it later.")
+        client = _futures(next(iter(held.values())))[0].client
+        if client.status not in ("running", "closing"):
+            raise LostDataError(LOST_DATA_HELP.format(err=f"client {client.status}"))
         with worker_failures():
-            values = dask.compute(*held.values())
+            values = dask.compute(*held.values(), scheduler=client)
         arrays = {name: np.ascontiguousarray(v) for name, v in zip(held, values, strict=True)}
         layout = self._file_layout()
         state = {**self._file_state(), **{name[:-1]: a for name, a in arrays.items()
                                           if name[:-1] in layout.arrays}}
-        self._set_file_state(state)  # rebuilds what depends on them (a GP's posterior)
+        self._set_file_state(state)
         for name, a in arrays.items():
             if name[:-1] not in layout.arrays:
                 setattr(self, name, a)
@@ -223,9 +231,14 @@ class DeclaredState:
                     format_bytes(size))
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled with its arrays in numpy: cluster-held ones are gathered first."""
-        self._bring_home()
-        return super().__getstate__()  # type: ignore[misc]
+        """Pickled with its arrays in numpy: cluster-held ones are gathered into the
+        pickle; the model itself keeps them on the cluster (and its posterior as built)."""
+        if not self._cluster_held():
+            return super().__getstate__()  # type: ignore[misc]
+        twin = object.__new__(type(self))  # not copy.copy: that pickles through here
+        twin.__dict__.update(self.__dict__)
+        twin._bring_home()
+        return super(DeclaredState, twin).__getstate__()  # type: ignore[misc]
 
 
 def _futures(value: Any) -> list[Any]:

@@ -24,8 +24,8 @@ def check_bandwidth(bandwidth: Any) -> float:
     value = finite_number(bandwidth)
     if value is None or value <= 0:
         raise ValueError(f"bandwidth must be a finite number > 0 (the kernel's width h); got "
-                         f"{bandwidth!r}. Use e.g. bandwidth=0.5, or choose it with "
-                         "GridSearchCV.")
+                         f"{bandwidth!r}. Use e.g. bandwidth=0.5, choose it with "
+                         "GridSearchCV, or (KernelDensity) bandwidth='scott' or 'silverman'.")
     return value
 
 

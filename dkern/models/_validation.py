@@ -285,9 +285,14 @@ class DefaultKernel:
 
     def set_params(self, **params: Any) -> Any:
         nested = any(key.startswith("kernel__") for key in params)
-        if nested and "kernel" not in params and getattr(self, "kernel", None) is None:
-            self.kernel = self._default_kernel()  # a fresh one: never a shared default
-        return super().set_params(**params)  # type: ignore[misc]
+        if not (nested and "kernel" not in params and getattr(self, "kernel", None) is None):
+            return super().set_params(**params)  # type: ignore[misc]
+        self.kernel = self._default_kernel()  # a fresh one: never a shared default
+        try:
+            return super().set_params(**params)  # type: ignore[misc]
+        except Exception:
+            self.kernel = None  # a refused key leaves the estimator as it was
+            raise
 
 
 def is_sklearn_kernel(kernel: Any) -> bool:

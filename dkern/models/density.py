@@ -169,6 +169,12 @@ class KernelDensity(DeclaredState, BaseEstimator):
             return rows + h * rng.uniform(-0.5, 0.5, size=shape)
         return rows + h * _lengthscales(kernel, shape[1]) * rng.standard_normal(size=shape)
 
+    def _set_file_state(self, state: dict[str, Any]) -> None:
+        """Files saved before ``bandwidth_`` existed held only a number in ``bandwidth``."""
+        super()._set_file_state(state)
+        if "bandwidth_" not in state:
+            self.bandwidth_ = _smoothing.check_bandwidth(self.bandwidth)
+
     #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``). "kernel" is a
     #: dkern kernel's repr, or null for a named one (then in "params").
     _model_file = ModelFile(marker="log_norm_", kernel="given", layouts=FileLayout(

@@ -163,9 +163,10 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         alpha = check_alpha(self.alpha, solver, role="the weight of the penalty α/2 βᵀKβ")
         tol = check_tol(self.tol)
         max_iter = check_optional_int(self.max_iter, "max_iter", 1)
+        C = self._checked_C()
         Xv = check_X(self, X, reset=True)
-        if self.C is not None:
-            alpha = self._alpha_of_C(Xv.shape[0])
+        if C is not None:
+            alpha = 1.0 / (Xv.shape[0] * C)  # scikit-learn's C for n rows
         labels = check_labels(y, Xv.shape[0], "KernelLogisticRegression")
         self.classes_, codes = np.unique(labels, return_inverse=True)
         if len(self.classes_) < 2:
@@ -190,8 +191,10 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         self._settle_at_close()
         return self
 
-    def _alpha_of_C(self, n: int) -> float:
-        """``alpha = 1 / (n · C)``, scikit-learn's ``C`` for n rows."""
+    def _checked_C(self) -> float | None:
+        """``C`` as a float > 0 given without a non-default ``alpha``, or None."""
+        if self.C is None:
+            return None
         C = finite_number(self.C)
         if C is None or C <= 0:
             raise ValueError(f"C must be a finite number > 0 (scikit-learn's inverse "
@@ -200,7 +203,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
             raise ValueError(f"give alpha or C, not both: got alpha={self.alpha!r} and "
                              f"C={self.C!r}. C sets alpha = 1 / (n · C); leave alpha at "
                              "its default 1.0, or set C=None.")
-        return 1.0 / (n * C)
+        return C
 
     def _solve(self, kernel: Kernel, X: Any, codes: np.ndarray, solver: str, alpha: float,
                tol: float, max_iter: int | None, callback: Any) -> _klr.KlrFit:

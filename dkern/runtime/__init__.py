@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,8 +69,10 @@ def connect(address: str | None = None, *, check_versions: bool = True,
 
     Returns
     -------
-    distributed.Client
-        Its dashboard link is logged at INFO level.
+    DkernClient
+        A ``distributed.Client`` that, as it closes, gathers into each model fitted under it
+        the arrays the model keeps on the cluster, so the model outlives it. Its dashboard
+        link is logged at INFO level.
 
     Raises
     ------
@@ -82,7 +85,8 @@ def connect(address: str | None = None, *, check_versions: bool = True,
         answered. Raised within the connect timeout plus ``probe.SILENCE_SECONDS`` (10 s),
         about 2 s for an HTTP server.
     ClusterVersionError
-        With ``check_versions``: the versions differ (the client is closed).
+        With ``check_versions``: the versions differ; or the scheduler cannot import
+        dkern (the client is closed).
     """
     address = address or os.environ.get(SCHEDULER_ENV) or None
     deserializers = None if trusted_results else SAFE_DESERIALIZERS
@@ -104,22 +108,34 @@ def connect(address: str | None = None, *, check_versions: bool = True,
 
 class DkernClient(Client):
     """distributed's ``Client``, which lets the models fitted on its cluster gather their
-    arrays before it closes (:mod:`dkern._closing`): they outlive it."""
+    arrays before it closes (:mod:`dkern._closing`): they outlive it.
+
+    Only an explicit close of a running synchronous client settles them (``with``, or
+    ``close()``): not a close at interpreter exit, nor one of a client that lost its
+    scheduler.
+    """
+
+    #: Read by the models (``DeclaredState._settle_at_close``).
+    settles_models = True
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
-        if self.status not in ("closing", "closed", "newly-created") and not self.asynchronous:
-            with dask.config.set(scheduler=self):  # gather through this client
-                settle(self.id)
+        if self.status == "running" and not self.asynchronous and not sys.is_finalizing():
+            settle(self.id)
         return super().close(*args, **kwargs)
 
 
 def _register_scalar_family(client: Client) -> None:
     """Teach the scheduler and every worker, present and future, the numpy-scalar family
-    the safe client asks for (:mod:`.scalars`); dkern must be importable there."""
+    the safe client asks for (:mod:`.scalars`); dkern must be importable there (a worker
+    joining later without dkern fails to start: the plugin cannot be unpickled there)."""
+    if scalars.SCALAR_FAMILY not in (client._deserializers or ()):
+        return  # trusted_results: the client reads pickle, numpy scalars included
     try:
         client.run_on_scheduler(scalars.register_on_scheduler)
         client.register_plugin(scalars.ScalarFamilyPlugin())
     except ModuleNotFoundError as error:
+        with contextlib.suppress(Exception):  # leave no plugin behind on the cluster
+            client.unregister_worker_plugin(scalars.ScalarFamilyPlugin.name)
         raise checks.ClusterVersionError(
             f"the cluster at {client.scheduler.address} cannot import dkern ({error}); "
             "install the same dkern on the scheduler and workers as on this client") from error
