@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..io import Rows, is_store_ref
 from ._gp_outputs import draws, predictive
+from ._labels import labelled_output
 from ._validation import as_float64, check_out_is_not_input, check_X, in_memory
 from .posteriors import PriorPosterior
 
@@ -33,6 +34,7 @@ class PosteriorPredictive:
     _given_kernel: Any
     _targets: Any
 
+    @labelled_output("prediction", "std")
     @worker_failures()
     def predict(self, X: Rows, return_std: bool = False, return_cov: bool = False,
                 out: tuple[str, str] | None = None, *, overwrite: bool = False) -> Any:

@@ -72,14 +72,15 @@ class FileLayout:
     def kinds(self) -> dict[str, str]:
         """Every name the file's "fitted" attribute may hold, with its kind."""
         kinds = {**self.scalars, **{f"{name}_lazy": "bool" for name in self.lazy},
-                 "feature_names_in_": "strings"}
+                 "feature_names_in_": "strings", "sample_dim_": "str"}
         if "classes_" in self.scalars:
             kinds["classes_dtype"] = "label dtype"
         return kinds
 
 
-#: "fitted" names a file may lack: feature names (fitted on arrays without them).
-OPTIONAL = frozenset({"feature_names_in_", "bandwidth_"})
+#: "fitted" names a file may lack: feature names (fitted on arrays without them), the
+#: sample dimension (fitted on other than xarray data), the bandwidth (older files).
+OPTIONAL = frozenset({"feature_names_in_", "sample_dim_", "bandwidth_"})
 
 
 @dataclass(frozen=True)

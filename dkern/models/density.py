@@ -16,6 +16,7 @@ from ..io import Rows, is_lazy
 from ..kernels import Gaussian, Kernel
 from ..solvers.sampling import gather_rows
 from . import _smoothing
+from ._labels import labelled_fit, labelled_output
 from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import as_generator, check_X, in_memory
 
@@ -71,6 +72,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self.bandwidth = bandwidth
         self.backend = backend
 
+    @labelled_fit
     def fit(self, X: Rows, y: Rows | None = None) -> KernelDensity:
         """Keep the training rows (nothing is computed until a density is asked for).
 
@@ -108,6 +110,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self._settle_at_close()
         return self
 
+    @labelled_output("log_density")
     @worker_failures()
     def score_samples(self, X: Rows) -> Any:
         """The log-density ``log p(x)`` of each row of X.

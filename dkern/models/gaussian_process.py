@@ -30,6 +30,7 @@ from ._gp_outputs import TargetScaling
 from ._gp_posterior import rebuilt, solve, sparse_file_state
 from ._gp_predictive import MAX_COV_BYTES, PosteriorPredictive
 from ._gp_sparse_learning import learned_sparse_posterior
+from ._labels import labelled_fit
 from ._model_file import DeclaredState
 from ._validation import (
     DefaultKernel,
@@ -266,6 +267,7 @@ class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive
         return tags
 
     # ------------------------------------------------------------------ fit
+    @labelled_fit
     @worker_failures()
     def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None

@@ -19,6 +19,7 @@ from ..operators import gram
 from ..solvers import EXACT_MAX_N
 from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
+from ._labels import labelled_fit, labelled_output
 from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim
 from ._validation import (
     DefaultKernel,
@@ -158,6 +159,7 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
         self.backend = backend
         self.random_state = random_state
 
+    @labelled_fit
     def fit(self, X: Rows, y: Rows) -> GaussianProcessClassifier:
         """Learn the hyperparameters (if ``optimizer``), then find the Laplace posterior of
         each binary problem.
@@ -241,6 +243,7 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
         return float(np.mean([_laplace.log_evidence(m.psi, L)
                               for m, L in zip(modes, chols, strict=True)]))
 
+    @labelled_output("probability", column_dim="class", columns="classes_")
     def predict_proba(self, X: Rows) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
 
@@ -261,6 +264,7 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
             return np.column_stack([1 - P[:, 0], P[:, 0]])
         return P / P.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
 
+    @labelled_output("prediction")
     def predict(self, X: Rows) -> np.ndarray:
         """The most probable class: for two classes, the sign of the latent mean (R&W §3.4.2).
 

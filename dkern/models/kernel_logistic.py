@@ -18,6 +18,7 @@ from ..io import Rows
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from . import _klr
+from ._labels import labelled_fit, labelled_output
 from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim, residual_rows_dim
 from ._validation import (
     DefaultKernel,
@@ -136,6 +137,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         self.backend = backend
         self.random_state = random_state
 
+    @labelled_fit
     @worker_failures()
     def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelLogisticRegression:
@@ -219,6 +221,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
                                      random_state=as_generator(self.random_state),
                                      callback=callback)
 
+    @labelled_output("decision", column_dim="class", columns="classes_")
     @worker_failures()
     def decision_function(self, X: Rows) -> Any:
         """The scores ``K(X, X_fit_) @ dual_coef_`` (the log-odds of each problem).
@@ -238,6 +241,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
                       name="dkern-predict") @ self.dual_coef_
         return scores.compute() if isinstance(Xv, np.ndarray) else scores
 
+    @labelled_output("probability", column_dim="class", columns="classes_")
     def predict_proba(self, X: Rows) -> Any:
         """Class probabilities, columns in the order of ``classes_``.
 
@@ -256,6 +260,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
             return lib.stack([1 - p, p], axis=1)
         return p / p.sum(axis=1, keepdims=True)  # one-vs-rest, normalised as scikit-learn
 
+    @labelled_output("prediction")
     def predict(self, X: Rows) -> Any:
         """The most probable class (two classes: ``classes_[1]`` where the score is > 0).
 

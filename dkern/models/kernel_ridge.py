@@ -19,6 +19,7 @@ from ..operators import gram
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
+from ._labels import labelled_fit, labelled_output
 from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, residual_rows_dim
 from ._validation import (
     DefaultKernel,
@@ -197,6 +198,7 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
+    @labelled_fit
     @worker_failures()
     def fit(self, X: Rows, y: Rows, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelRidge:
@@ -252,6 +254,7 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         self._settle_at_close()
         return self
 
+    @labelled_output("prediction")
     @worker_failures()
     def predict(self, X: Rows, out: tuple[str, str] | None = None, *,
                 overwrite: bool = False) -> Any:

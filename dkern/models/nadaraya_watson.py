@@ -15,6 +15,7 @@ from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows, is_lazy
 from . import _smoothing
+from ._labels import labelled_fit, labelled_output
 from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import check_X, check_y
 
@@ -72,6 +73,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         tags.target_tags.multi_output = True
         return tags
 
+    @labelled_fit
     def fit(self, X: Rows, y: Rows) -> NadarayaWatson:
         """Keep the training rows and targets (nothing is computed until ``predict``).
 
@@ -93,6 +95,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         self._settle_at_close()
         return self
 
+    @labelled_output("prediction")
     @worker_failures()
     def predict(self, X: Rows) -> Any:
         """The kernel-weighted mean of the training targets at each row of X.

@@ -16,6 +16,7 @@ from ..backends import resolve_backend
 from ..io import Rows
 from ..operators import data_rows, pairwise_rows
 from ..operators.reductions import nearest_neighbors
+from ._labels import labelled_fit, labelled_output
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
 from ._validation import check_choice, check_labels, check_X, check_y, in_memory
 
@@ -45,6 +46,7 @@ class _Neighbors(DeclaredState, BaseEstimator):
         self.n_samples_fit_ = int(Xv.shape[0])
         return Xv
 
+    @labelled_output("distance", "index", column_dim="neighbor")
     @worker_failures()
     def kneighbors(self, X: Rows | None = None, n_neighbors: int | None = None,
                    return_distance: bool = True) -> Any:
@@ -122,6 +124,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         tags.target_tags.multi_output = True
         return tags
 
+    @labelled_fit
     def fit(self, X: Rows, y: Rows) -> KNeighborsRegressor:
         """Keep the training rows and targets (no index to build: search is exhaustive).
 
@@ -139,6 +142,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         self._settle_at_close()
         return self
 
+    @labelled_output("prediction")
     def predict(self, X: Rows) -> Any:
         """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T)."""
         check_is_fitted(self, "y_fit_")
@@ -186,6 +190,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     n_samples_fit_, n_features_in_ : int
     """
 
+    @labelled_fit
     def fit(self, X: Rows, y: Rows) -> KNeighborsClassifier:
         """Keep the training rows and labels.
 
@@ -205,6 +210,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         self._settle_at_close()
         return self
 
+    @labelled_output("probability", column_dim="class", columns="classes_")
     def predict_proba(self, X: Rows) -> Any:
         """The neighbours' (weighted) vote shares; shape (m, n_classes), columns as ``classes_``."""
         check_is_fitted(self, "y_codes_")
@@ -216,6 +222,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
                                  n_classes=n_classes)
         return _vote_shares(ind, w, codes=self.y_codes_, n_classes=n_classes)
 
+    @labelled_output("prediction")
     def predict(self, X: Rows) -> Any:
         """The class with the largest vote share per row of X; shape (m,)."""
         shares = self.predict_proba(X)

@@ -1,0 +1,129 @@
+"""xarray in and out of the estimators' methods.
+
+``fit`` takes a ``DataArray`` or ``Dataset`` as rows along its sample dimension (y's
+dimension when y is a DataArray, else X's first or a Dataset's shared one) and records
+it as ``sample_dim_``; the prediction methods take X the same way and return DataArrays
+along that dimension, with X's sample coordinates. A dask-backed operand stays lazy
+(:mod:`dkern.io.labelled`); a numpy-backed one goes to the method as a DataFrame when it
+has feature names, so scikit-learn records and checks them as it does for pandas.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..io.labelled import (
+    LabelledRows,
+    as_data_array,
+    check_same_samples,
+    is_labelled,
+    labelled_rows,
+)
+
+__all__ = ["labelled_fit", "labelled_output"]
+
+
+def labelled_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``fit(self, X, y=None, ...)`` to take xarray X and y."""
+
+    @functools.wraps(fit)
+    def wrapper(self: Any, X: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self.__dict__.pop("sample_dim_", None)
+        if not (is_labelled(X) or is_labelled(y)):
+            return fit(self, X, y, *args, **kwargs)
+        target = _target_rows(y)
+        dim = target.dim if target is not None and is_labelled(X) and target.dim in X.dims \
+            else None
+        rows = labelled_rows(X, name="X", sample_dim=dim) if is_labelled(X) else None
+        if rows is not None and target is not None:
+            check_same_samples(rows, target)
+        fitted = fit(self, _method_operand(rows) if rows else X,
+                     target.data if target is not None else y, *args, **kwargs)
+        if rows is not None:
+            self.sample_dim_ = rows.dim
+            if rows.features is not None and not hasattr(self, "feature_names_in_"):
+                self.feature_names_in_ = np.asarray(rows.features, dtype=object)
+        return fitted
+
+    return wrapper
+
+
+def labelled_output(*names: str, column_dim: str = "output",
+                    columns: str | None = None) -> Callable[[Callable[..., Any]], Any]:
+    """Wrap a method of X to take xarray X and return DataArrays along its samples.
+
+    Parameters
+    ----------
+    *names : str
+        The name of each array the method returns (one, or one per tuple element).
+    column_dim : str, default "output"
+        The second dimension of a 2-D result.
+    columns : str, optional
+        The estimator attribute holding the coordinates along ``column_dim`` (``classes_``).
+    """
+
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            X = args[0] if args else kwargs.get("X")
+            if not is_labelled(X) or kwargs.get("out") is not None:
+                return method(self, *args, **kwargs)
+            rows = _predict_rows(self, X)
+            plain = _method_operand(rows)
+            args, kwargs = ((plain, *args[1:]), kwargs) if args else (args, {**kwargs, "X": plain})
+            result = method(self, *args, **kwargs)
+            labels = getattr(self, columns) if columns else None
+            if isinstance(result, tuple):
+                return tuple(_labelled(r, rows, names[min(i, len(names) - 1)], column_dim,
+                                       labels, after_first=i > 0)
+                             for i, r in enumerate(result))
+            return _labelled(result, rows, names[0], column_dim, labels)
+
+        return wrapper
+
+    return decorate
+
+
+def _target_rows(y: Any) -> LabelledRows | None:
+    if not is_labelled(y):
+        return None
+    if type(y).__name__ == "Dataset":
+        raise ValueError("y is a Dataset; pass the target variable as a DataArray, e.g. "
+                         "ds['y'].")
+    return labelled_rows(y, name="y")
+
+
+def _predict_rows(model: Any, X: Any) -> LabelledRows:
+    dim = getattr(model, "sample_dim_", None)
+    names = getattr(model, "feature_names_in_", None)
+    rows = labelled_rows(X, name="X", sample_dim=dim if dim in X.dims else None,
+                         features=None if names is None else [str(n) for n in names])
+    if names is not None and rows.features is not None and list(names) != rows.features:
+        raise ValueError(f"X's feature names {rows.features} differ from those the model was "
+                         f"fitted on, {list(names)}; pass the same features in the same order.")
+    return rows
+
+
+def _method_operand(rows: LabelledRows) -> Any:
+    """The operand the estimator's method takes: dask as it is; numpy with feature names as
+    a DataFrame (scikit-learn's name checks), else as it is."""
+    if isinstance(rows.data, np.ndarray) and rows.features is not None and rows.data.ndim == 2:
+        import pandas as pd  # a dependency of xarray, present with it
+
+        return pd.DataFrame(rows.data, columns=rows.features)
+    return rows.data
+
+
+def _labelled(result: Any, rows: LabelledRows, name: str, column_dim: str,
+              columns: Any, *, after_first: bool = False) -> Any:
+    """``result`` as a DataArray when it has one entry per row. An (m, m) array after the
+    first (a GP's covariance, which would need two sample dimensions) stays an array."""
+    shape = getattr(result, "shape", ())
+    if len(shape) not in (1, 2) or shape[0] != rows.n_rows \
+            or (after_first and shape == (rows.n_rows, rows.n_rows)):
+        return result
+    return as_data_array(result, rows, name=name, column_dim=column_dim, columns=columns)

@@ -1,0 +1,156 @@
+"""xarray in and out: DataArrays and Datasets are rows along a sample dimension, dask-backed
+ones stay lazy, and results come back as DataArrays with the sample coordinates.
+
+References: the same estimators fitted on the same values as numpy (which the rest of the
+suite checks against scikit-learn and dense solves).
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+xr = pytest.importorskip("xarray")
+
+import dask.array as da  # noqa: E402
+
+from dkern import load, save  # noqa: E402
+from dkern.kernels import Gaussian  # noqa: E402
+from dkern.models import (  # noqa: E402
+    GaussianProcessRegressor,
+    KernelDensity,
+    KernelLogisticRegression,
+    KernelRidge,
+    KNeighborsClassifier,
+    NadarayaWatson,
+)
+
+pytestmark = pytest.mark.usefixtures("sync_scheduler")
+
+N, D = 300, 3
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(N, D))
+Y = np.sin(X[:, 0]) + 0.1 * RNG.normal(size=N)
+LABELS = np.where(Y > 0, "up", "down")
+TIME = pd.date_range("2000-01-01", periods=N, freq="D")
+NAMES = ["a", "b", "c"]
+
+
+def _dataset():
+    """X's columns as variables a, b, c along "time", with y."""
+    data = {name: ("time", X[:, i]) for i, name in enumerate(NAMES)}
+    return xr.Dataset({**data, "y": ("time", Y)}, coords={"time": TIME})
+
+
+@pytest.fixture
+def opened(tmp_path):
+    """The Dataset written with xarray and opened lazily, in 4 chunks along time."""
+    _dataset().to_zarr(tmp_path / "ds.zarr", mode="w", consolidated=False)
+    return xr.open_zarr(tmp_path / "ds.zarr", consolidated=False).chunk({"time": N // 4})
+
+
+def _transposed():
+    """X as a (feature, time) DataArray: the layout a plain reshape gets wrong."""
+    return xr.DataArray(X.T, dims=("feature", "time"),
+                        coords={"feature": NAMES, "time": TIME})
+
+
+def _y():
+    return xr.DataArray(Y, dims="time", coords={"time": TIME})
+
+
+def test_a_dask_backed_dataset_stays_lazy_and_predicts_as_numpy(opened):
+    """Nadaraya-Watson on the opened Dataset: the model holds dask rows (nothing loaded
+    whole), the prediction is a lazy DataArray along time, equal to the numpy fit's."""
+    model = NadarayaWatson(bandwidth=0.7).fit(opened[NAMES], opened["y"])
+    assert isinstance(model.X_fit_, da.Array) and isinstance(model.y_fit_, da.Array)
+    assert model.sample_dim_ == "time"
+    assert list(model.feature_names_in_) == NAMES
+    pred = model.predict(opened)  # y is not a feature: the fitted names are taken
+    assert isinstance(pred, xr.DataArray) and isinstance(pred.data, da.Array)
+    assert pred.dims == ("time",) and pred.name == "prediction"
+    np.testing.assert_array_equal(pred["time"].values, TIME.values)
+    want = NadarayaWatson(bandwidth=0.7).fit(X, Y).predict(X)
+    np.testing.assert_allclose(pred.values, want, rtol=1e-12)
+
+
+def test_a_transposed_data_array_is_read_along_the_dimension_of_y():
+    """(feature, time) X with y along time: before, 'y has 300 rows but X has 3'."""
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(_transposed(), _y())
+    assert model.sample_dim_ == "time"
+    assert list(model.feature_names_in_) == NAMES
+    pred = model.predict(_transposed())
+    want = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y).predict(X)
+    assert pred.dims == ("time",)
+    np.testing.assert_allclose(pred.values, want, rtol=0, atol=1e-12)
+    # the same rows as (time, feature): the fitted sample dimension, not the first
+    np.testing.assert_allclose(model.predict(_transposed().T).values, want, rtol=0, atol=1e-12)
+
+
+def test_gp_mean_and_std_are_data_arrays_and_the_covariance_an_array():
+    gp = GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, optimizer=None).fit(_transposed(),
+                                                                                 _y())
+    ref = GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, optimizer=None).fit(X, Y)
+    mean, std = gp.predict(_transposed(), return_std=True)
+    want_mean, want_std = ref.predict(X, return_std=True)
+    assert (mean.name, std.name, std.dims) == ("prediction", "std", ("time",))
+    np.testing.assert_allclose(mean.values, want_mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(std.values, want_std, rtol=0, atol=1e-12)
+    _, cov = gp.predict(_transposed()[:, :5], return_cov=True)  # (5, 5): two time axes
+    np.testing.assert_allclose(cov, ref.predict(X[:5], return_cov=True)[1], rtol=0, atol=1e-12)
+
+
+def test_class_probabilities_carry_the_classes():
+    labels = xr.DataArray(LABELS, dims="time", coords={"time": TIME})
+    model = KernelLogisticRegression(Gaussian(1.0)).fit(_transposed(), labels)
+    proba = model.predict_proba(_transposed())
+    assert proba.dims == ("time", "class")
+    assert list(proba["class"].values) == ["down", "up"]
+    want = KernelLogisticRegression(Gaussian(1.0)).fit(X, LABELS).predict_proba(X)
+    np.testing.assert_allclose(proba.values, want, rtol=0, atol=1e-10)
+    assert list(model.predict(_transposed()).values) == list(np.asarray(model.classes_)[
+        want.argmax(axis=1)])
+
+
+def test_density_and_neighbours_keep_the_sample_coordinate(opened):
+    kde = KernelDensity(bandwidth=0.5).fit(opened[["a", "b"]])
+    logp = kde.score_samples(opened)
+    want = KernelDensity(bandwidth=0.5).fit(X[:, :2]).score_samples(X[:, :2])
+    assert logp.dims == ("time",)
+    np.testing.assert_allclose(logp.values, want, rtol=1e-12)
+    knn = KNeighborsClassifier(n_neighbors=3).fit(_transposed(),
+                                                  xr.DataArray(LABELS, dims="time"))
+    dist, ind = knn.kneighbors(_transposed()[:, :4])
+    assert dist.dims == ind.dims == ("time", "neighbor")
+    np.testing.assert_array_equal(ind.values, KNeighborsClassifier(n_neighbors=3).fit(
+        X, LABELS).kneighbors(X[:4])[1])
+
+
+def test_saved_models_keep_the_sample_dimension_and_feature_names(tmp_path, opened):
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="nystrom", n_centers=40,
+                        random_state=0).fit(opened[NAMES], opened["y"])
+    save(model, tmp_path / "m.zarr")
+    back = load(tmp_path / "m.zarr")
+    assert back.sample_dim_ == "time" and list(back.feature_names_in_) == NAMES
+    np.testing.assert_array_equal(back.predict(opened).values, model.predict(opened).values)
+
+
+def test_refusals_name_what_is_wrong(opened):
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(opened[NAMES],
+                                                                       opened["y"])
+    with pytest.raises(ValueError, match=r"without the variables \['c'\]"):
+        model.predict(opened[["a", "b"]])
+    shifted = _y().assign_coords(time=TIME + pd.Timedelta("1D"))
+    with pytest.raises(ValueError, match="label different samples along 'time'"):
+        KernelRidge().fit(_transposed(), shifted)
+    with pytest.raises(ValueError, match="y is a Dataset"):
+        KernelRidge().fit(_transposed(), _y().to_dataset(name="y"))
+    cube = xr.DataArray(np.zeros((2, 3, 4)), dims=("t", "f", "g"))
+    with pytest.raises(ValueError, match="takes one or two dimensions"):
+        KernelRidge().fit(cube, np.zeros(2))
+    mixed = xr.Dataset({"a": ("t", np.zeros(4)), "b": ("s", np.zeros(4))})
+    with pytest.raises(ValueError, match="share no dimension"):
+        KernelRidge().fit(mixed, np.zeros(4))
+    renamed = _transposed().rename(time="day")
+    fitted = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(_transposed(), _y())
+    with pytest.raises(ValueError, match="features"):  # day read as the features: 300 of them
+        fitted.predict(renamed)
