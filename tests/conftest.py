@@ -88,8 +88,21 @@ def sync_scheduler():
         yield
 
 
+#: The test files that take longest (minutes of cluster starts, kills and crashes): run
+#: first. The test command's ``--dist loadfile --no-loadscope-reorder`` hands files to the
+#: two processes in collection order; xdist's default order (most tests first) left these
+#: few-test files for last, one process alone on them for 10 minutes (CI, 2026-11-26).
+LONGEST_FILES = ("test_checkpoint.py", "test_examples.py", "test_worker_loss.py",
+                 "test_multihost.py", "test_memory_limits.py", "test_io_crash.py",
+                 "test_outlive_client.py", "test_client_bytes.py", "test_tls.py",
+                 "test_gp_regression.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip cleanly without a CUDA GPU that KeOps can use (CI has none)."""
+    """The longest files first (a stable sort: the same order in every xdist process);
+    tests marked ``gpu`` skip cleanly without a CUDA GPU that KeOps can use (CI has none)."""
+    first = {name: rank for rank, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))
     _skip_gpu_tests(items)
 
 

@@ -49,7 +49,7 @@ def readme_snippets():
 @pytest.mark.distributed
 def test_readme_snippets_run_as_scripts(tmp_path):
     snippets = readme_snippets()
-    assert len(snippets) == 4, "update this test with the README's snippets"
+    assert len(snippets) == 5, "update this test with the README's snippets"
     for old in SCALED:
         assert any(old in code for code in snippets), f"{old!r} is no longer in the README"
     outputs = []
@@ -98,6 +98,15 @@ def test_readme_snippets_run_as_scripts(tmp_path):
     nw_rmse = np.sqrt(np.mean((W @ y / W.sum(1) - t) ** 2))
     assert (f"mean log-density {logp.mean():.3f}, Nadaraya-Watson RMSE {nw_rmse:.4f}, "
             f"mean nearest distance {np.sqrt(D.min(1)).mean():.4f}") in outputs[3]
+    # fifth snippet: through xarray, the prediction it published and read back without dkern
+    # is the model's, along the test rows' dimension
+    import xarray as xr
+
+    stored = xr.open_zarr(store, consolidated=False)["pred_xr"]
+    assert stored.dims == ("test_sample",)
+    assert f"test_sample: xarray RMSE {np.sqrt(np.mean((stored.values - truth) ** 2)):.4f}" \
+        in outputs[4]
+    assert np.sqrt(np.mean((stored.values - truth) ** 2)) < np.sqrt(np.mean(truth**2))
 
 
 #: Examples with a test of their own below, which also checks what they write.

@@ -133,7 +133,7 @@ def test_every_kill_point_leaves_a_store_later_writes_succeed_on(tmp_path, monke
         setup(template)
         for k in range(1, count_ops(monkeypatch, str(tmp_path / f"{scenario}-n"), scenario) + 1):
             url = str(tmp_path / f"{scenario}-{k}")
-            shutil.copytree(template, url)
+            shutil.copytree(template, url, symlinks=True)  # as cp -a: links stay links
             # past the publish, the writer's best-effort deletions swallow the crash
             run_killed(monkeypatch, url, write, crash_at=k)
             tried += 1

@@ -154,3 +154,80 @@ def test_refusals_name_what_is_wrong(opened):
     fitted = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(_transposed(), _y())
     with pytest.raises(ValueError, match="features"):  # day read as the features: 300 of them
         fitted.predict(renamed)
+
+
+# ------------------------------------------------------ what dkern writes, read by xarray
+def test_predictions_written_to_an_xarray_store_open_in_xarray(tmp_path):
+    """predict(out=) into the store xarray wrote (with consolidated metadata, xarray's
+    default): xr.open_zarr lists the prediction along time with the store's coordinates,
+    plain zarr reads it, and a rewrite is seen as a whole."""
+    import zarr
+
+    from dkern.io import check_store, open_array
+
+    url = str(tmp_path / "ds.zarr")
+    _dataset().to_zarr(url, mode="w")  # consolidated, as xarray writes by default
+    opened = xr.open_zarr(url)
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(opened[NAMES],
+                                                                       opened["y"])
+    assert model.predict(opened, out=(url, "pred")) == (url, "pred")
+    want = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y).predict(X)
+    back = xr.open_zarr(url)
+    assert back["pred"].dims == ("time",)
+    np.testing.assert_array_equal(back["time"].values, TIME.values)
+    np.testing.assert_allclose(back["pred"].values, want, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(zarr.open_group(url, mode="r")["pred"][...],
+                                  back["pred"].values)
+    np.testing.assert_array_equal(open_array(url, "pred").compute(), back["pred"].values)
+    model.set_params(alpha=1.0).fit(opened[NAMES], opened["y"])
+    model.predict(opened, out=(url, "pred"), overwrite=True)
+    np.testing.assert_array_equal(xr.open_zarr(url)["pred"].values,
+                                  model.predict(X.copy()))
+    assert check_store(url).ok
+
+
+def test_gp_mean_and_std_written_as_a_group_open_in_xarray(tmp_path, opened):
+    url = str(tmp_path / "out.zarr")
+    gp = GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, optimizer=None).fit(
+        opened[NAMES], opened["y"])
+    gp.predict(opened, return_std=True, out=(url, "gp"))
+    written = xr.open_zarr(url, group="gp", consolidated=False)
+    want_mean, want_std = gp.predict(X, return_std=True)
+    assert written["mean"].dims == written["std"].dims == ("time",)
+    np.testing.assert_allclose(written["mean"].values, want_mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(written["std"].values, want_std, rtol=0, atol=1e-12)
+
+
+def test_a_dkern_data_store_opens_in_xarray_with_its_rows_aligned(tmp_path):
+    from dkern.io import make_regression_store, open_array
+
+    url = str(tmp_path / "data.zarr")
+    make_regression_store(url, n=500, d=3, n_test=50, seed=0)
+    ds = xr.open_zarr(url, consolidated=False)
+    assert ds["X"].dims == ("sample", "feature") and ds["y"].dims == ("sample",)
+    assert ds["X_test"].dims == ("test_sample", "feature")
+    np.testing.assert_array_equal(ds["X"].values, open_array(url, "X").compute())
+
+
+def test_links_are_dkern_s_own_and_nothing_else_is_touched(tmp_path):
+    """A name shows the pointer's array through a link; a plain folder standing at a name
+    this write does not replace (a store copied without its links) is left as it is, and
+    clean_store puts back a link that went missing."""
+    import os
+    import shutil
+
+    from dkern.io import clean_store, open_array, write_array
+
+    url = str(tmp_path / "s.zarr")
+    write_array(np.arange(4.0), url, "a")
+    target = os.readlink(os.path.join(url, "a"))
+    assert target.startswith(".dkern/") and target.endswith("/a")
+    os.unlink(os.path.join(url, "a"))
+    shutil.copytree(os.path.join(url, target), os.path.join(url, "a"))  # a dereferenced copy
+    write_array(np.ones(2), url, "b")
+    assert not os.path.islink(os.path.join(url, "a"))  # the user's folder: kept as it is
+    np.testing.assert_array_equal(open_array(url, "a").compute(), np.arange(4.0))
+    os.unlink(os.path.join(url, "b"))
+    clean_store(url)
+    np.testing.assert_array_equal(xr.open_zarr(url, consolidated=False)["b"].values,
+                                  np.ones(2))

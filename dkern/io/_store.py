@@ -305,15 +305,29 @@ def read_name(url: str, group: str, name: str, entry: dict[str, Any]) -> str:
 
 
 def plain_members(root: zarr.Group) -> list[str]:
-    """Names of the group's direct child nodes, without dkern's hidden version tree.
+    """Names of the group's direct child nodes, without dkern's hidden version tree and
+    the links showing its arrays.
 
     Listed from the store rather than with ``root.members()``, which warns about every
     stray file (a ``*.partial`` left by a killed write) in the group's folder.
     """
     store, prefix = root.store, f"{root.path}/" if root.path else ""
     names = sync(_collect(store.list_dir(root.path)))
+    # dkern's own links show its arrays to plain readers (dkern.io._visible); they are
+    # the pointer's arrays, not members of their own.
+    folder = os.path.join(str(store.root), root.path) if isinstance(store, LocalStore) else None
     return sorted(n for n in names
-                  if not n.startswith(".") and sync(store.exists(f"{prefix}{n}/zarr.json")))
+                  if not n.startswith(".") and sync(store.exists(f"{prefix}{n}/zarr.json"))
+                  and not (folder is not None and is_own_link(os.path.join(folder, n), n)))
+
+
+def is_own_link(path: str, name: str) -> bool:
+    """Whether ``path`` is a link dkern places: to ``.dkern/<version folder>/<name>``."""
+    if not os.path.islink(path):
+        return False
+    top, _, rest = os.readlink(path).partition("/")
+    folder, _, leaf = rest.partition("/")
+    return top == VERSIONS_DIR and FOLDER_NAME.fullmatch(folder) is not None and leaf == name
 
 
 async def _collect(items: Any) -> list[str]:

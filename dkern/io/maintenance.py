@@ -40,6 +40,7 @@ from dkern.io._store import (
     read_pointer,
     where,
 )
+from dkern.io._visible import show_published
 from dkern.io.read import open_array
 
 __all__ = ["StoreReport", "check_store", "clean_store"]
@@ -205,6 +206,8 @@ def clean_store(
             pointer = read_pointer(open_group(url, path, mode="r"), url, path)
             removed += collect_orphans(url, path, pointer, min_age=age, deep=True,
                                        dry_run=dry_run)
+            if not dry_run:  # what a publish could not link (dkern.io._visible)
+                show_published(url, path, pointer, new_folder())
     return removed
 
 

@@ -119,7 +119,10 @@ def make_regression_store(
         "target": REGRESSION_TARGET,
         "test_target": "noise-free: y_test = sin(3*x0) + 0.5*cos(2*sum_j(x_j)/sqrt(d))",
     }
-    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite, chunk_rows=chunk_rows)
+    dims = {"X": ("sample", "feature"), "y": ("sample",)}  # xarray aligns their rows
+    if n_test > 0:
+        dims |= {"X_test": ("test_sample", "feature"), "y_test": ("test_sample",)}
+    write_arrays(url, arrays, attrs=attrs, overwrite=overwrite, chunk_rows=chunk_rows, dims=dims)
 
 
 def _chunk_rows(chunk_rows: int | None, d: int, dtype: np.dtype) -> int:

@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask.array as da
@@ -62,6 +62,7 @@ from dkern.io._store import (
     sealed,
     where,
 )
+from dkern.io._visible import show_published
 from dkern.io.maintenance import LOCAL_GRACE_S, collect_orphans, new_folder
 from dkern.io.rows import default_row_chunk
 
@@ -79,6 +80,7 @@ def write_arrays(
     chunk_rows: int | None = None,
     group: str = "",
     replace_all: bool = False,
+    dims: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """Write named arrays and attributes as one new version, published atomically.
 
@@ -106,6 +108,10 @@ def write_arrays(
         Publish exactly ``arrays`` and ``attrs``: the group's other dkern arrays and
         attributes are dropped and their storage reclaimed (needs ``overwrite=True``
         when the group holds any array).
+    dims : mapping of str to sequence of str, optional
+        Dimension names of some arrays, one per axis (Zarr's ``dimension_names``, which
+        xarray reads), e.g. ``{"X": ("sample", "feature"), "y": ("sample",)}``; the
+        others get ``<name>_dim_0``, ``<name>_dim_1``, ...
 
     Raises
     ------
@@ -121,17 +127,25 @@ def write_arrays(
     Layout: see :mod:`dkern.io._store`. Only the pointer update publishes, so a
     write that dies at any moment leaves the previous version visible and complete,
     and later writes unaffected. Concurrent writers of different names to one group
-    all succeed on local disk; on fsspec stores, see the README.
+    all succeed on local disk; on fsspec stores, see the README. On local disk each
+    array also appears to plain zarr and xarray readers under its name
+    (:mod:`dkern.io._visible`).
     """
     url = os.fspath(url)
     group = _checked_group(group)
     items = _checked_items(arrays)
     new_attrs = _checked_attrs(attrs)
+    names = _checked_dims(dims, items)
     current = find_group(url, group)
     listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
     kept = {name: listed[name] for name, x in items
             if _is_stored(url, group, name, x, listed, chunk_rows)}
     sources = {name: _as_source(name, x, chunk_rows) for name, x in items if name not in kept}
+    for name, x in sources.items():
+        if name in names and len(names[name]) != x.ndim:
+            raise ValueError(f"dims[{name!r}] names {len(names[name])} dimensions, "
+                             f"{list(names[name])}, but {name} has {x.ndim} (shape "
+                             f"{x.shape}); name one per axis.")
     present = set(plain_members(current)) if current is not None else set()
     _check_overwrite(url, group, [n for n, _ in items], set(listed), present,
                      overwrite=overwrite, replace_all=replace_all)
@@ -140,8 +154,8 @@ def write_arrays(
         open_group(url, group, mode="a")
     seen = {name: listed.get(name, {}).get("path") for name, _ in items}
     try:
-        before, after = _write_and_publish(url, group, sources, kept, seen, new_attrs,
-                                           replace_all=replace_all)
+        before, after, aside = _write_and_publish(url, group, sources, names, kept, seen,
+                                                  new_attrs, replace_all=replace_all)
     except BaseException:
         if created is not None:  # a failed call leaves no new store or group behind
             with publish_lock(url, group):
@@ -149,18 +163,23 @@ def write_arrays(
         raise
     logger.info("published version %d of %s: %s", after["version"], where(url, group),
                 sorted(sources))
-    _delete_superseded(url, group, before, after, [n for n, _ in items if n in present])
+    # On local disk replaced plain arrays were moved aside to make room for the links.
+    plain = aside if local_dir(url, group) is not None else [n for n, _ in items
+                                                              if n in present]
+    _delete_superseded(url, group, before, after, plain)
 
 
 def write_array(
-    x: Any, url: Url, path: str, *, overwrite: bool = False, chunk_rows: int | None = None
+    x: Any, url: Url, path: str, *, overwrite: bool = False, chunk_rows: int | None = None,
+    dims: Sequence[str] | None = None,
 ) -> None:
     """Write one array; ``path`` is ``"name"`` or ``"group/name"``.
 
-    The same as ``write_arrays(url, {name: x}, group=group, ...)``.
+    The same as ``write_arrays(url, {name: x}, group=group, dims={name: dims}, ...)``.
     """
     group, _, name = path.strip("/").rpartition("/")
-    write_arrays(url, {name: x}, overwrite=overwrite, chunk_rows=chunk_rows, group=group)
+    write_arrays(url, {name: x}, overwrite=overwrite, chunk_rows=chunk_rows, group=group,
+                 dims=None if dims is None else {name: dims})
 
 
 def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -178,6 +197,26 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
                 "for nesting."
             )
     return list(arrays.items())
+
+
+def _checked_dims(dims: Mapping[str, Sequence[str]] | None,
+                  items: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """``dims`` as tuples of names, for arrays of this write only."""
+    if dims is None:
+        return {}
+    written = {name for name, _ in items}
+    if not isinstance(dims, Mapping) or not set(dims) <= written:
+        extra = sorted(set(dims) - written) if isinstance(dims, Mapping) else dims
+        raise ValueError(f"dims must map names of the arrays written ({sorted(written)}) to "
+                         f"their dimension names; got {extra!r:.80}.")
+    checked = {}
+    for name, value in dims.items():
+        names = (value,) if isinstance(value, str) else tuple(value)
+        if not all(isinstance(d, str) and d for d in names) or len(set(names)) < len(names):
+            raise ValueError(f"dims[{name!r}] must be distinct non-empty strings, one per "
+                             f"axis; got {value!r}.")
+        checked[name] = names
+    return checked
 
 
 def _checked_group(group: str) -> str:
@@ -265,15 +304,17 @@ def _check_overwrite(url: str, group: str, names: list[str], listed: set[str],
 
 
 def _write_and_publish(
-    url: str, group: str, sources: dict[str, da.Array], kept: dict[str, dict],
-    seen: dict[str, str | None], new_attrs: dict[str, Any], *, replace_all: bool
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Fill a fresh version folder, then publish it; the pointers before and after."""
+    url: str, group: str, sources: dict[str, da.Array], dims: dict[str, tuple[str, ...]],
+    kept: dict[str, dict], seen: dict[str, str | None], new_attrs: dict[str, Any], *,
+    replace_all: bool
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Fill a fresh version folder, then publish it; the pointers before and after, and
+    the folders holding plain arrays moved aside for this write's names (to delete)."""
     folder = new_folder()
     published = False
     with lease(url, group, folder) if sources else contextlib.nullcontext():
         try:
-            entries = _write_version(url, group, folder, sources) if sources else {}
+            entries = _write_version(url, group, folder, sources, dims) if sources else {}
             with publish_lock(url, group):
                 root = open_group(url, group, mode="a")
                 before = read_pointer(root, url, group)
@@ -281,11 +322,12 @@ def _write_and_publish(
                 after = _merged(before, {**kept, **entries}, new_attrs, replace_all)
                 root.update_attributes({POINTER_KEY: sealed(after)})  # the publish
                 published = True
+                aside = _show_quietly(url, group, after, frozenset(seen))
                 _collect_quietly(url, group, after)
         finally:
             if sources and not published:
                 _delete_quietly(url, group, folder)
-    return before, after
+    return before, after, aside
 
 
 def _check_unchanged(url: str, group: str, now: dict, seen: dict[str, str | None]) -> None:
@@ -313,7 +355,8 @@ def _merged(before: dict[str, Any], entries: dict[str, dict], new_attrs: dict[st
     }
 
 
-def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Array]) -> dict:
+def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Array],
+                   dims: dict[str, tuple[str, ...]]) -> dict:
     """Create and fill ``<folder>/<name>`` for each source; its manifest entries."""
     store = _store.make_store(url, read_only=False)
     prefix = f"{group}/" if group else ""
@@ -326,7 +369,10 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
             chunks=tuple(max(1, c[0]) for c in x.chunks),
             serializer=BytesCodec(),
             compressors=(ZstdCodec(), Crc32cCodec()),
-            fill_value=0,
+            # Every chunk is written, so the fill value is only what a reader that does not
+            # check (plain zarr, xarray) would see for a chunk gone missing: NaN, not 0.
+            fill_value=np.nan if x.dtype.kind == "f" else 0,
+            dimension_names=dims.get(name, tuple(f"{name}_dim_{i}" for i in range(x.ndim))),
             chunk_key_encoding={"name": "default", "separator": "/"},
             config={"write_empty_chunks": True},  # every chunk exists, so absence is damage
         )
@@ -373,6 +419,19 @@ def _write_block(block: np.ndarray, z: zarr.Array, block_info: dict[Any, Any]) -
         raise StoreError(f"chunk {key!r} vanished right after it was written; was the store "
                          "cleaned with min_age=0 while this write ran?")
     return np.full((1,) * block.ndim, int.from_bytes(tail.to_bytes(), "little"), np.uint32)
+
+
+def _show_quietly(url: str, group: str, pointer: dict[str, Any],
+                  replacing: frozenset[str]) -> list[str]:
+    # The publish happened: dkern reads the new arrays whatever follows. A failure here
+    # leaves plain readers an older version (or none) under the name; `dkern clean`
+    # places the links again.
+    try:
+        return show_published(url, group, pointer, new_folder(), replacing)
+    except Exception:
+        logger.warning("could not show the arrays of %s under their names to plain zarr "
+                       "readers; run dkern clean on it", where(url, group), exc_info=True)
+        return []
 
 
 def _collect_quietly(url: str, group: str, pointer: dict[str, Any]) -> None:

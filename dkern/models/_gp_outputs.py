@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..io import is_store_ref, write_arrays
+from ._labels import written_dims
 from ._validation import as_float64, existing_arrays, in_memory
 
 
@@ -83,7 +84,9 @@ def write_prediction(out: Any, mean: Any, std: Any, overwrite: bool) -> None:
                          "matching. Pass return_std=True to replace both, or write to another "
                          "group (nothing was written).")
     arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
-    write_arrays(out[0], arrays, group=out[1], overwrite=overwrite)
+    dims = {name: written_dims(a.ndim) for name, a in arrays.items()}
+    write_arrays(out[0], arrays, group=out[1], overwrite=overwrite,
+                 dims={name: d for name, d in dims.items() if d is not None})
 
 
 def predictive(posterior: Any, targets: TargetScaling, Xt: Any, return_std: bool, out: Any,

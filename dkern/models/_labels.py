@@ -10,7 +10,9 @@ has feature names, so scikit-learn records and checks them as it does for pandas
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +26,22 @@ from ..io.labelled import (
     labelled_rows,
 )
 
-__all__ = ["labelled_fit", "labelled_output"]
+__all__ = ["labelled_fit", "labelled_output", "written_dims"]
+
+#: The xarray rows a prediction method was called with while it writes to ``out``: the
+#: writer names the stored array's dimensions after them (:func:`written_dims`).
+_WRITING_FOR: contextvars.ContextVar[LabelledRows | None] = contextvars.ContextVar(
+    "dkern_writing_for", default=None)
+
+
+def written_dims(ndim: int) -> tuple[str, ...] | None:
+    """Dimension names for a prediction of ``ndim`` axes written to ``out``: X's sample
+    dimension (then ``"output"``) when X was xarray, so that xarray aligns the stored
+    prediction with X's coordinates; None (dkern's default names) otherwise."""
+    rows = _WRITING_FOR.get()
+    if rows is None:
+        return None
+    return (rows.dim, "output")[:ndim]
 
 
 def labelled_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,11 +87,17 @@ def labelled_output(*names: str, column_dim: str = "output",
         @functools.wraps(method)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             X = args[0] if args else kwargs.get("X")
-            if not is_labelled(X) or kwargs.get("out") is not None:
+            if not is_labelled(X):
                 return method(self, *args, **kwargs)
             rows = _predict_rows(self, X)
             plain = _method_operand(rows)
             args, kwargs = ((plain, *args[1:]), kwargs) if args else (args, {**kwargs, "X": plain})
+            if _writes(method, args, kwargs):
+                token = _WRITING_FOR.set(rows)
+                try:
+                    return method(self, *args, **kwargs)  # out, as without xarray
+                finally:
+                    _WRITING_FOR.reset(token)
             result = method(self, *args, **kwargs)
             labels = getattr(self, columns) if columns else None
             if isinstance(result, tuple):
@@ -86,6 +109,15 @@ def labelled_output(*names: str, column_dim: str = "output",
         return wrapper
 
     return decorate
+
+
+def _writes(method: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether the call passes ``out`` (by keyword, or as the second positional)."""
+    if kwargs.get("out") is not None:
+        return True
+    names = list(inspect.signature(method).parameters)[1:]  # without self
+    return "out" in names and len(args) > names.index("out") and \
+        args[names.index("out")] is not None
 
 
 def _target_rows(y: Any) -> LabelledRows | None:

@@ -19,7 +19,7 @@ from ..operators import gram
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
-from ._labels import labelled_fit, labelled_output
+from ._labels import labelled_fit, labelled_output, written_dims
 from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, residual_rows_dim
 from ._validation import (
     DefaultKernel,
@@ -363,5 +363,6 @@ def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, 
     if not is_store_ref(out):
         raise TypeError(f"out must be a (url, path) tuple: a str or path-like store and a str "
                         f"array path, e.g. ('preds.zarr', 'pred'); got {out!r}.")
-    write_array(pred, *out, overwrite=overwrite)  # refuses a taken name before computing
+    # refuses a taken name before computing
+    write_array(pred, *out, overwrite=overwrite, dims=written_dims(pred.ndim))
     return out

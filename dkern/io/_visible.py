@@ -1,0 +1,95 @@
+"""Published arrays under their own names, for plain zarr and xarray readers.
+
+dkern's readers follow the pointer table to ``.dkern/<version>/<name>``; zarr and
+xarray know nothing of it. On local disk each publish therefore also places, at
+``<group>/<name>``, a relative symbolic link to the array's current version folder,
+swapped atomically (a new link renamed over the old one): a reader opening ``name``
+gets the old complete array or the new complete one, never a mix. Links dkern placed
+are recognised by their target, ``.dkern/<version folder>/<name>``; any other link or
+file at a name is the user's. dkern reads and deletes nothing through a link (only the
+link itself is ever removed). On other fsspec stores (object stores have no links)
+arrays stay behind the pointer, readable by dkern only.
+
+Consolidated metadata (xarray's ``to_zarr`` writes it) of the group and the groups above
+it is rebuilt after each publish, or xarray's default open would not see new arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from typing import Any
+
+import zarr
+
+from dkern.io._lock import publish_lock
+from dkern.io._store import is_own_link, local_dir, make_store
+
+__all__ = ["show_published"]
+
+
+def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
+                   replacing: frozenset[str] = frozenset()) -> list[str]:
+    """Link ``<group>/<name>`` to each array ``pointer`` lists, and remove dkern's links
+    to names it no longer lists. Call it under the publish lock, right after publishing.
+
+    A plain array at a name in ``replacing`` (a write's overwrite, already allowed) is
+    moved into the version folder ``aside`` (relative to the group) to make room; at
+    any other name, what is not dkern's link is left alone (and the name unlinked).
+
+    Returns
+    -------
+    list of str
+        The folders (relative to the group) holding what was moved aside, to delete.
+    """
+    base = local_dir(url, group)
+    if base is None:
+        return []
+    arrays = pointer.get("arrays", {})
+    moved = []
+    for name, entry in arrays.items():
+        path = os.path.join(base, name)
+        if os.path.islink(path) and os.readlink(path) == entry["path"]:
+            continue
+        if os.path.lexists(path) and not os.path.islink(path):
+            if name not in replacing:
+                continue
+            os.makedirs(os.path.join(base, aside), exist_ok=True)
+            os.rename(path, os.path.join(base, aside, name))
+            moved = [aside]
+        _swap_link(path, entry["path"])
+    for name in os.listdir(base):
+        path = os.path.join(base, name)
+        if name not in arrays and is_own_link(path, name):
+            os.unlink(path)
+    _refresh_consolidated(url, group)
+    return moved
+
+
+def _swap_link(path: str, target: str) -> None:
+    """Make ``path`` a link to ``target`` in one rename (atomic on POSIX)."""
+    temporary = f"{path}.{uuid.uuid4().hex}.partial"  # collected like zarr's own leftovers
+    os.symlink(target, temporary)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _refresh_consolidated(url: str, group: str) -> None:
+    """Rebuild the consolidated metadata of the group and of each group above it that has
+    any (xarray's ``to_zarr`` writes it at the root; ``xr.open_zarr`` then sees only what
+    it lists, the groups below included). The group's own publish lock is held; an
+    ancestor's is taken for its rebuild, so two writers cannot each drop the other's."""
+    store = make_store(url, read_only=False)
+    parts = group.split("/") if group else []
+    for depth in range(len(parts) + 1):
+        path = "/".join(parts[:depth])
+        node = zarr.open_group(store=store, path=path, mode="r", zarr_format=3)
+        if node.metadata.consolidated_metadata is None:
+            continue
+        with contextlib.nullcontext() if path == group else publish_lock(url, path):
+            zarr.consolidate_metadata(store, path=path or None, zarr_format=3)
