@@ -23,6 +23,20 @@ _measured: dict[str, dict] = {}
 FIGURES_PROPERTY = "dkern_figures"
 
 
+@pytest.fixture(autouse=True)
+def _dask_scheduler_left_as_found():
+    """Fail the test that leaves dask's global scheduler changed (a client left open as
+    the default, a ``dask.config.set`` outside ``with``): the files that ran after it in
+    the same process would compute on a closed client ("no Client active")."""
+    before = dask.config.get("scheduler", None)
+    yield
+    after = dask.config.get("scheduler", None)
+    if after != before:
+        dask.config.set(scheduler=before)  # so the next tests are not failed for it too
+        pytest.fail(f"the test left dask's scheduler set to {after!r} (was {before!r}): "
+                    "close its clients, or set the scheduler in a with block")
+
+
 @pytest.fixture
 def record_figures(request):
     """``record_figures(name, **figures)``: merge figures into benchmarks/reliability/name.json

@@ -134,6 +134,14 @@ def test_saved_models_keep_the_sample_dimension_and_feature_names(tmp_path, open
     np.testing.assert_array_equal(back.predict(opened).values, model.predict(opened).values)
 
 
+def test_score_takes_xarray_and_refuses_other_samples():
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(_transposed(), _y())
+    want = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y).score(X, Y)
+    assert model.score(_transposed(), _y()) == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match="label different samples"):
+        model.score(_transposed(), _y().isel(time=slice(None, None, -1)))
+
+
 def test_refusals_name_what_is_wrong(opened):
     model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(opened[NAMES],
                                                                        opened["y"])
@@ -150,6 +158,10 @@ def test_refusals_name_what_is_wrong(opened):
     mixed = xr.Dataset({"a": ("t", np.zeros(4)), "b": ("s", np.zeros(4))})
     with pytest.raises(ValueError, match="share no dimension"):
         KernelRidge().fit(mixed, np.zeros(4))
+    # a variable of several columns has no order of its own among the others: refused
+    wide = xr.Dataset({"a": ("t", np.zeros(4)), "m": (("t", "k"), np.zeros((4, 2)))})
+    with pytest.raises(ValueError, match="each variable of a Dataset is one feature"):
+        KernelRidge().fit(wide, np.zeros(4))
     renamed = _transposed().rename(time="day")
     fitted = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(_transposed(), _y())
     with pytest.raises(ValueError, match="features"):  # day read as the features: 300 of them
@@ -209,14 +221,54 @@ def test_a_dkern_data_store_opens_in_xarray_with_its_rows_aligned(tmp_path):
     np.testing.assert_array_equal(ds["X"].values, open_array(url, "X").compute())
 
 
-def test_links_are_dkern_s_own_and_nothing_else_is_touched(tmp_path):
+def test_what_is_not_an_array_is_never_moved_or_deleted(tmp_path):
+    """A folder of other files, or a Zarr v2 array (which dkern does not count as an
+    array), at a name dkern writes: kept as it is, and not linked over."""
+    import os
+
+    import zarr
+
+    from dkern.io import open_array, write_array
+
+    url = str(tmp_path / "s.zarr")
+    write_array(np.zeros(2), url, "first")
+    os.makedirs(os.path.join(url, "X"))
+    with open(os.path.join(url, "X", "notes.csv"), "w") as f:
+        f.write("keep me")
+    zarr.create_array(store=os.path.join(url, "W"), shape=(3,), dtype="f8", zarr_format=2)
+    for name in ("X", "W"):
+        write_array(np.ones(3), url, name)
+        np.testing.assert_array_equal(open_array(url, name).compute(), np.ones(3))
+        assert not os.path.islink(os.path.join(url, name))
+    with open(os.path.join(url, "X", "notes.csv")) as f:
+        assert f.read() == "keep me"
+    assert os.path.exists(os.path.join(url, "W", ".zarray"))
+
+
+def test_consolidated_metadata_lists_no_hidden_version(tmp_path):
+    import json
+
+    from dkern.io import write_array
+
+    url = str(tmp_path / "ds.zarr")
+    _dataset().to_zarr(url, mode="w")
+    write_array(np.zeros(N), url, "pred", dims=("time",))
+    write_array(np.ones(N), url, "pred", dims=("time",), overwrite=True)
+    with open(f"{url}/zarr.json") as f:
+        listed = json.load(f)["consolidated_metadata"]["metadata"]
+    assert "pred" in listed and not [k for k in listed if ".dkern" in k], sorted(listed)
+    np.testing.assert_array_equal(xr.open_zarr(url)["pred"].values, np.ones(N))
+
+
+def test_links_are_dkern_s_own_and_nothing_else_is_touched(tmp_path, monkeypatch):
     """A name shows the pointer's array through a link; a plain folder standing at a name
     this write does not replace (a store copied without its links) is left as it is, and
     clean_store puts back a link that went missing."""
     import os
     import shutil
 
-    from dkern.io import clean_store, open_array, write_array
+    from dkern.errors import StoreError
+    from dkern.io import clean_store, open_array, write_array, write_arrays
 
     url = str(tmp_path / "s.zarr")
     write_array(np.arange(4.0), url, "a")
@@ -231,3 +283,94 @@ def test_links_are_dkern_s_own_and_nothing_else_is_touched(tmp_path):
     clean_store(url)
     np.testing.assert_array_equal(xr.open_zarr(url, consolidated=False)["b"].values,
                                   np.ones(2))
+    # a link of dkern's to an array the pointer dropped (the process died between the
+    # publish and the unlinking, before the old version was deleted) is not an array
+    import dkern.io.write as writer
+
+    monkeypatch.setattr(writer, "show_published", lambda *args: [])
+    monkeypatch.setattr(writer, "_delete_superseded", lambda *args: None)
+    write_arrays(url, {"c": np.ones(1)}, overwrite=True, replace_all=True)
+    assert os.path.islink(os.path.join(url, "b"))
+    with pytest.raises(StoreError, match="no array 'b'"):
+        open_array(url, "b")
+
+
+# -------------------------------------- the workflow, on data larger than a worker's memory
+#: One worker of two threads limited to 350 MB holds X: 500,000 rows x 100 features,
+#: 400 MB, in 20,000-row chunks (16 MB); the rows lie on a 2-D plane, so 8 centres model a
+#: smooth target of them (as in tests/test_memory_limits.py).
+BIG_LIMIT, BIG_N, BIG_D, BIG_CHUNK = 350_000_000, 500_000, 100, 20_000
+
+
+def _big_dataset():
+    """The Dataset, generated chunk by chunk on the cluster (never whole anywhere)."""
+    rng = da.random.default_rng(0)
+    Z = rng.normal(size=(BIG_N, 2), chunks=(BIG_CHUNK, 2))
+    plane = np.linalg.qr(np.random.default_rng(7).normal(size=(BIG_D, 2)))[0].T
+    y = da.sin(2 * Z[:, 0]) + da.cos(1.5 * Z[:, 1]) + 0.1 * rng.normal(size=BIG_N,
+                                                                      chunks=BIG_CHUNK)
+    return xr.Dataset({"X": (("sample", "feature"), Z @ plane), "y": ("sample", y)},
+                      coords={"sample": np.arange(BIG_N)})
+
+
+def _worker_memory(client, samples, stop):
+    while not stop.wait(0.5):
+        try:
+            info = client.scheduler_info(n_workers=-1)["workers"].values()
+        except Exception:  # the cluster closing under the last sample
+            return
+        samples.extend(w["metrics"]["memory"] for w in info)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_xarray_workflow_on_data_larger_than_a_worker(tmp_path, record_figures):
+    """xr.open_zarr (400 MB, dask-backed) -> fit (sparse GP, 8 centres) -> predict(out=) ->
+    xr.open_zarr reads the prediction with the sample coordinate; the worker's sampled
+    memory stays under its 350 MB limit and it is never restarted, so nothing was loaded
+    whole; the predictions are the model's and beat the mean."""
+    import os
+    import threading
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    url = str(tmp_path / "big.zarr")
+    with LocalCluster(n_workers=1, threads_per_worker=2, memory_limit=BIG_LIMIT,
+                      processes=True, host="127.0.0.1", dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client, dask.config.set(scheduler=client):
+        pids = client.run(os.getpid)
+        samples, stop = [], threading.Event()
+        sampler = threading.Thread(target=_worker_memory, args=(client, samples, stop))
+        sampler.start()
+        start = time.perf_counter()
+        try:
+            data = _big_dataset()
+            data.to_zarr(url, mode="w")
+            written = time.perf_counter()
+            ds = xr.open_zarr(url)
+            assert ds["X"].nbytes > BIG_LIMIT
+            model = GaussianProcessRegressor(Gaussian(1.0), alpha=1.0, solver="nystrom",
+                                             n_centers=8, optimizer=None, random_state=0)
+            model.fit(ds["X"], ds["y"])
+            model.predict(ds["X"], out=(url, "pred"))
+            done = time.perf_counter()
+        finally:
+            stop.set()
+            sampler.join()
+        assert client.run(os.getpid) == pids, "the worker was restarted (killed by its nanny?)"
+    back = xr.open_zarr(url)
+    assert back["pred"].dims == ("sample",)
+    rows = back.isel(sample=slice(0, BIG_N, 997)).compute()
+    np.testing.assert_array_equal(rows["sample"].values, np.arange(0, BIG_N, 997))
+    np.testing.assert_allclose(rows["pred"].values, model.predict(rows["X"].values),
+                               rtol=1e-10, atol=1e-12)
+    mse = float(((rows["pred"] - rows["y"]) ** 2).mean())
+    figures = {"input_bytes": int(ds["X"].nbytes), "worker_memory_limit": BIG_LIMIT,
+               "peak_worker_memory_sampled": int(max(samples, default=0)),
+               "write_s": round(written - start, 1), "fit_predict_s": round(done - written, 1),
+               "test_mse": mse, "mse_predicting_mean": float(rows["y"].var())}
+    record_figures("xarray_workflow", **figures)
+    assert mse < 0.2 * float(rows["y"].var()), figures
+    assert max(samples) < 0.95 * BIG_LIMIT, figures

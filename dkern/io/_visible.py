@@ -17,6 +17,8 @@ it is rebuilt after each publish, or xarray's default open would not see new arr
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import uuid
 from typing import Any
@@ -24,9 +26,11 @@ from typing import Any
 import zarr
 
 from dkern.io._lock import publish_lock
-from dkern.io._store import is_own_link, local_dir, make_store
+from dkern.io._store import VERSIONS_DIR, is_own_link, local_dir, make_store, where
 
 __all__ = ["show_published"]
+
+logger = logging.getLogger(__name__)
 
 
 def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
@@ -34,9 +38,10 @@ def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
     """Link ``<group>/<name>`` to each array ``pointer`` lists, and remove dkern's links
     to names it no longer lists. Call it under the publish lock, right after publishing.
 
-    A plain array at a name in ``replacing`` (a write's overwrite, already allowed) is
-    moved into the version folder ``aside`` (relative to the group) to make room; at
-    any other name, what is not dkern's link is left alone (and the name unlinked).
+    A plain Zarr array at a name in ``replacing`` (one a write's overwrite check counted
+    and allowed) is moved into the version folder ``aside`` (relative to the group) to
+    make room; whatever else stands at a name and is not a link (a file, a folder zarr
+    does not read) is left alone, and the name not linked (logged).
 
     Returns
     -------
@@ -54,6 +59,9 @@ def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
             continue
         if os.path.lexists(path) and not os.path.islink(path):
             if name not in replacing:
+                logger.warning("%s: %r is not linked to the array dkern published under that "
+                               "name: something else is there (plain readers see it, dkern "
+                               "reads its own)", where(url, group), path)
                 continue
             os.makedirs(os.path.join(base, aside), exist_ok=True)
             os.rename(path, os.path.join(base, aside, name))
@@ -82,8 +90,9 @@ def _swap_link(path: str, target: str) -> None:
 def _refresh_consolidated(url: str, group: str) -> None:
     """Rebuild the consolidated metadata of the group and of each group above it that has
     any (xarray's ``to_zarr`` writes it at the root; ``xr.open_zarr`` then sees only what
-    it lists, the groups below included). The group's own publish lock is held; an
-    ancestor's is taken for its rebuild, so two writers cannot each drop the other's."""
+    it lists, the groups below included), without dkern's hidden version trees. The
+    group's own publish lock is held; an ancestor's is taken for its rebuild, so two
+    writers cannot each drop the other's."""
     store = make_store(url, read_only=False)
     parts = group.split("/") if group else []
     for depth in range(len(parts) + 1):
@@ -93,3 +102,22 @@ def _refresh_consolidated(url: str, group: str) -> None:
             continue
         with contextlib.nullcontext() if path == group else publish_lock(url, path):
             zarr.consolidate_metadata(store, path=path or None, zarr_format=3)
+            _drop_hidden(os.path.join(local_dir(url, path) or "", "zarr.json"))
+
+
+def _drop_hidden(meta_file: str) -> None:
+    """Remove the entries of ``.dkern`` trees from a consolidated ``zarr.json`` (zarr lists
+    every folder with metadata; dkern's version folders are no one else's business, and a
+    superseded one would stay listed after its deletion). Replaced in one rename."""
+    with open(meta_file, encoding="utf-8") as f:
+        meta = json.load(f)
+    listed = meta["consolidated_metadata"]["metadata"]
+    hidden = [key for key in listed if VERSIONS_DIR in key.split("/")]
+    if not hidden:
+        return
+    for key in hidden:
+        del listed[key]
+    temporary = f"{meta_file}.{uuid.uuid4().hex}.partial"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(temporary, meta_file)

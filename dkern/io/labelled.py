@@ -8,7 +8,7 @@ here: dkern works without it, and an object is recognised by its class.
 Data flow::
 
     DataArray (sample, feature) / (feature, sample) / (sample,)  --labelled_rows-->  rows
-    Dataset {variable: (sample,) or (sample, k)}                 --labelled_rows-->  rows
+    Dataset {variable: (sample,)}, one feature each              --labelled_rows-->  rows
     rows' result (numpy or dask)                                 --as_data_array-->  DataArray
 """
 
@@ -46,8 +46,8 @@ class LabelledRows:
         The coordinates along the sample dimension alone (its index and any others),
         given to the results.
     features : list of str or None
-        The feature names: a Dataset's variables, or a DataArray's string coordinate
-        along its feature dimension; None when there are none.
+        The feature names: a Dataset's variables, or a DataArray's string coordinate along
+        its feature dimension; None when there are none.
     """
 
     data: np.ndarray | da.Array
@@ -67,8 +67,8 @@ def labelled_rows(X: Any, *, name: str, sample_dim: str | None = None,
     Parameters
     ----------
     X : xarray.DataArray or xarray.Dataset
-        A DataArray of one or two dimensions, or a Dataset whose data variables all
-        lie along one shared dimension (each ``(sample,)`` or ``(sample, k)``).
+        A DataArray of one or two dimensions, or a Dataset whose data variables are
+        one feature each, all along one shared dimension ``(sample,)``.
     name : str
         How messages name the operand (``"X"``, ``"y"``).
     sample_dim : str, optional
@@ -117,6 +117,8 @@ def as_data_array(values: Any, like: LabelledRows, *, name: str,
     """
     import xarray as xr  # present: ``like`` came from an xarray object
 
+    if column_dim == like.dim:  # a sample dimension named "class" or "output"
+        column_dim = f"{column_dim}_"
     dims = (like.dim,) if values.ndim == 1 else (like.dim, column_dim)
     coords = dict(like.coords)
     if columns is not None and values.ndim == 2:
@@ -171,11 +173,12 @@ def _dataset_rows(ds: Any, name: str, sample_dim: str | None,
     columns = []
     for v in names:
         var = ds[v]
-        if dim not in var.dims or var.ndim > 2:
-            raise ValueError(f"{name}'s variable {v!r} has dims {var.dims}; every variable "
-                             f"must be ({dim!r},) or ({dim!r}, k).")
-        var = var.transpose(dim, ...)
-        columns.append(var.data if var.ndim == 2 else var.data[:, None])
+        if var.dims != (dim,):
+            raise ValueError(f"{name}'s variable {v!r} has dims {var.dims}; each variable of "
+                             f"a Dataset is one feature, of dims ({dim!r},). Pass a variable "
+                             f"of several columns as a DataArray, or split it "
+                             f"(ds[{v!r}].to_dataset(dim=...)).")
+        columns.append(var.data[:, None])
     lazy = any(isinstance(c, da.Array) for c in columns)
     data = da.concatenate(columns, axis=1) if lazy else np.concatenate(columns, axis=1)
     return LabelledRows(_rows_data(data), dim, _sample_coords(ds, dim), names)

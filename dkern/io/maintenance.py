@@ -204,10 +204,10 @@ def clean_store(
         # A dry run takes no publish lock: taking it creates the group's .dkern folder.
         with contextlib.nullcontext() if dry_run else publish_lock(url, path):
             pointer = read_pointer(open_group(url, path, mode="r"), url, path)
-            removed += collect_orphans(url, path, pointer, min_age=age, deep=True,
-                                       dry_run=dry_run)
             if not dry_run:  # what a publish could not link (dkern.io._visible)
                 show_published(url, path, pointer, new_folder())
+            removed += collect_orphans(url, path, pointer, min_age=age, deep=True,
+                                       dry_run=dry_run)
     return removed
 
 
@@ -320,8 +320,8 @@ def _folder_age(path: str) -> float:
 def _file_age(url: str, group: str, path: str) -> float:
     base = local_dir(url, group)
     try:
-        return float("inf") if base is None else time.time() - os.path.getmtime(
-            os.path.join(base, path))
+        return float("inf") if base is None else time.time() - os.lstat(
+            os.path.join(base, path)).st_mtime  # a link's own age, not its target's
     except FileNotFoundError:
         return -1.0  # already gone: nothing to collect
 

@@ -154,8 +154,10 @@ def write_arrays(
         open_group(url, group, mode="a")
     seen = {name: listed.get(name, {}).get("path") for name, _ in items}
     try:
+        # only plain arrays the overwrite check counted may make room for a link
+        replacing = frozenset(n for n, _ in items if n in present)
         before, after, aside = _write_and_publish(url, group, sources, names, kept, seen,
-                                                  new_attrs, replace_all=replace_all)
+                                                  new_attrs, replacing, replace_all=replace_all)
     except BaseException:
         if created is not None:  # a failed call leaves no new store or group behind
             with publish_lock(url, group):
@@ -305,8 +307,8 @@ def _check_overwrite(url: str, group: str, names: list[str], listed: set[str],
 
 def _write_and_publish(
     url: str, group: str, sources: dict[str, da.Array], dims: dict[str, tuple[str, ...]],
-    kept: dict[str, dict], seen: dict[str, str | None], new_attrs: dict[str, Any], *,
-    replace_all: bool
+    kept: dict[str, dict], seen: dict[str, str | None], new_attrs: dict[str, Any],
+    replacing: frozenset[str], *, replace_all: bool
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Fill a fresh version folder, then publish it; the pointers before and after, and
     the folders holding plain arrays moved aside for this write's names (to delete)."""
@@ -322,7 +324,7 @@ def _write_and_publish(
                 after = _merged(before, {**kept, **entries}, new_attrs, replace_all)
                 root.update_attributes({POINTER_KEY: sealed(after)})  # the publish
                 published = True
-                aside = _show_quietly(url, group, after, frozenset(seen))
+                aside = _show_quietly(url, group, after, replacing)
                 _collect_quietly(url, group, after)
         finally:
             if sources and not published:

@@ -26,7 +26,7 @@ from ..io.labelled import (
     labelled_rows,
 )
 
-__all__ = ["labelled_fit", "labelled_output", "written_dims"]
+__all__ = ["labelled_fit", "labelled_output", "labelled_score", "written_dims"]
 
 #: The xarray rows a prediction method was called with while it writes to ``out``: the
 #: writer names the stored array's dimensions after them (:func:`written_dims`).
@@ -69,6 +69,27 @@ def labelled_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def labelled_score(score: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``score(self, X, y=None, ...)`` (scikit-learn's mixins' or the estimator's) to
+    take xarray X and y, refusing a y that labels other samples than X."""
+
+    @functools.wraps(score)
+    def wrapper(self: Any, X: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not (is_labelled(X) or is_labelled(y)):
+            return score(self, X, y, *args, **kwargs)
+        target = _target_rows(y)
+        rows = None
+        if is_labelled(X):
+            along = target.dim if target is not None and target.dim in X.dims else None
+            rows = _predict_rows(self, X, along)
+            if target is not None:
+                check_same_samples(rows, target)
+        return score(self, _method_operand(rows) if rows else X,
+                     target.data if target is not None else y, *args, **kwargs)
+
+    return wrapper
+
+
 def labelled_output(*names: str, column_dim: str = "output",
                     columns: str | None = None) -> Callable[[Callable[..., Any]], Any]:
     """Wrap a method of X to take xarray X and return DataArrays along its samples.
@@ -104,7 +125,7 @@ def labelled_output(*names: str, column_dim: str = "output",
                 return tuple(_labelled(r, rows, names[min(i, len(names) - 1)], column_dim,
                                        labels, after_first=i > 0)
                              for i, r in enumerate(result))
-            return _labelled(result, rows, names[0], column_dim, labels)
+            return _labelled(result, rows, names[-1], column_dim, labels)  # kneighbors: index
 
         return wrapper
 
@@ -129,8 +150,10 @@ def _target_rows(y: Any) -> LabelledRows | None:
     return labelled_rows(y, name="y")
 
 
-def _predict_rows(model: Any, X: Any) -> LabelledRows:
-    dim = getattr(model, "sample_dim_", None)
+def _predict_rows(model: Any, X: Any, along: str | None = None) -> LabelledRows:
+    """X's rows along ``along``, else the dimension the model was fitted along if X has
+    it, else X's default; a Dataset's variables taken by the fitted feature names."""
+    dim = along or getattr(model, "sample_dim_", None)
     names = getattr(model, "feature_names_in_", None)
     rows = labelled_rows(X, name="X", sample_dim=dim if dim in X.dims else None,
                          features=None if names is None else [str(n) for n in names])

@@ -16,7 +16,7 @@ from ..io import Rows, is_lazy
 from ..kernels import Gaussian, Kernel
 from ..solvers.sampling import gather_rows
 from . import _smoothing
-from ._labels import labelled_fit, labelled_output
+from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import as_generator, check_X, in_memory
 
@@ -134,6 +134,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
                              dtype=np.float64, meta=np.empty(0))
         return _smoothing.finish(logp, is_lazy(X))
 
+    @labelled_score
     def score(self, X: Rows, y: Rows | None = None) -> float:
         """The total log-likelihood ``Σ log p(x)`` of the rows of X (as scikit-learn's).
 

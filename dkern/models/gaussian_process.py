@@ -30,7 +30,7 @@ from ._gp_outputs import TargetScaling
 from ._gp_posterior import rebuilt, solve, sparse_file_state
 from ._gp_predictive import MAX_COV_BYTES, PosteriorPredictive
 from ._gp_sparse_learning import learned_sparse_posterior
-from ._labels import labelled_fit
+from ._labels import labelled_fit, labelled_score
 from ._model_file import DeclaredState
 from ._validation import (
     DefaultKernel,
@@ -229,6 +229,9 @@ class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive
     _posterior: Posterior
     _targets: TargetScaling
     _pivot_seed: int
+
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(RegressorMixin.score)
 
     @staticmethod
     def _default_kernel() -> Kernel:

@@ -19,7 +19,7 @@ from ..operators import gram
 from ..solvers import EXACT_MAX_N
 from . import _gpc_predict, _laplace, _laplace_evidence
 from ._gp_optimize import check_optimizer
-from ._labels import labelled_fit, labelled_output
+from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim
 from ._validation import (
     DefaultKernel,
@@ -136,6 +136,9 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
 
     _chols: list[np.ndarray] | None  # Cholesky factors of B at each mode (exact solver)
     X_fit_: np.ndarray | da.Array
+
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(ClassifierMixin.score)
 
     @staticmethod
     def _default_kernel() -> Kernel:

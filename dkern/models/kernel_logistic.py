@@ -18,7 +18,7 @@ from ..io import Rows
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from . import _klr
-from ._labels import labelled_fit, labelled_output
+from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile, problems_dim, residual_rows_dim
 from ._validation import (
     DefaultKernel,
@@ -118,6 +118,9 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
     residuals_: np.ndarray
     converged_: bool
     n_features_in_: int
+
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(ClassifierMixin.score)
 
     @staticmethod
     def _default_kernel() -> Kernel:

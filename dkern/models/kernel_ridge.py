@@ -19,7 +19,7 @@ from ..operators import gram
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
-from ._labels import labelled_fit, labelled_output, written_dims
+from ._labels import labelled_fit, labelled_output, labelled_score, written_dims
 from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, residual_rows_dim
 from ._validation import (
     DefaultKernel,
@@ -168,6 +168,9 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
     residuals_: np.ndarray | None
     converged_: bool
     n_features_in_: int
+
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(RegressorMixin.score)
 
     @staticmethod
     def _default_kernel() -> Kernel:

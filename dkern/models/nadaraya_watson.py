@@ -15,7 +15,7 @@ from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows, is_lazy
 from . import _smoothing
-from ._labels import labelled_fit, labelled_output
+from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile
 from ._validation import check_X, check_y
 
@@ -61,6 +61,9 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         The training targets, likewise.
     n_features_in_ : int
     """
+
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(RegressorMixin.score)
 
     def __init__(self, kernel: Any = "gaussian", *, bandwidth: float = 1.0,
                  backend: str = "auto") -> None:

@@ -16,7 +16,7 @@ from ..backends import resolve_backend
 from ..io import Rows
 from ..operators import data_rows, pairwise_rows
 from ..operators.reductions import nearest_neighbors
-from ._labels import labelled_fit, labelled_output
+from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
 from ._validation import check_choice, check_labels, check_X, check_y, in_memory
 
@@ -119,6 +119,9 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
     n_samples_fit_, n_features_in_ : int
     """
 
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(RegressorMixin.score)
+
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
@@ -189,6 +192,9 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         Each training row's index into ``classes_``, held in memory.
     n_samples_fit_, n_features_in_ : int
     """
+
+    # scikit-learn's score, taking xarray X and y as fit does
+    score = labelled_score(ClassifierMixin.score)
 
     @labelled_fit
     def fit(self, X: Rows, y: Rows) -> KNeighborsClassifier:
