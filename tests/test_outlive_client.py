@@ -147,7 +147,9 @@ def test_a_refit_under_another_client_is_settled_by_that_client(tmp_path):
     dkern.io.write_arrays(url, {"X": X, "y": Y}, chunk_rows=100)
     gp = dkern.GaussianProcessRegressor(Gaussian(1.0), alpha=1e-2, solver="cg",
                                         optimizer=None, random_state=0)
-    with dkern.connect(n_workers=1) as a, \
+    # Each client restores dask's scheduler setting as it found it, so closing a before b
+    # leaves "dask.distributed" behind with no client: the outer set puts it back after.
+    with dask.config.set(scheduler=None), dkern.connect(n_workers=1) as a, \
             dkern.connect(n_workers=1) as b:
         with dask.config.set(scheduler=a):
             gp.fit((url, "X"), (url, "y"))
