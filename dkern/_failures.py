@@ -3,7 +3,7 @@
 When a task kills every worker that runs it (out of memory, a crash in native code),
 the scheduler gives up after ``distributed.scheduler.allowed-failures`` deaths and
 the client gets a ``distributed.KilledWorker`` naming only the task's key, e.g.
-``('dkern-gram-matvec-3f2a…', 3, 0, 0)``. The row chunks behind that key exist only
+``('dk-gram-mv-3f2a…', 3, 0, 0)``. The row chunks behind that key exist only
 on the client, while the graph is built, so the pairwise layers register them here
 (:func:`register_blocks`); :func:`worker_failures`, around the places where dkern
 computes, turns the ``KilledWorker`` into a :class:`~dkern.errors.WorkerFailureError`
@@ -122,7 +122,7 @@ def _block_layer(layer: str, n_index: int) -> tuple[str, tuple[Side, ...]]:
 
     Dask fuses a block layer with the row-wise steps after it (partial sums, ``[:, 0]``,
     ``astype``, the store) into one task named by the fused layers' prefixes joined, e.g.
-    ``dkern-predict-dkern-predict-sum-getitem-store-map-<token>``, indexed like the last
+    ``dk-predict-dk-predict-sum-getitem-store-map-<token>``, indexed like the last
     step. Axis 0 of every pairwise product is the side it keeps, and row-wise steps keep
     it, so a fused task's first index is that side's block; the other is summed away.
     """

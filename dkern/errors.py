@@ -41,7 +41,7 @@ class WorkerFailureError(DkernError):
 
     The message names the task's block and its row ranges; the ``KilledWorker`` is
     chained as ``__cause__``. Attributes: ``key`` (the task's key), ``layer`` (the
-    key's prefix, e.g. ``"dkern-gram-matvec-<token>"``) and ``rows`` (a mapping of
+    key's prefix, e.g. ``"dk-gram-mv-<token>"``) and ``rows`` (a mapping of
     side label to the ``(start, stop)`` row range of the block, empty when the key is
     not one of dkern's block tasks).
     """

@@ -218,7 +218,7 @@ def test_a_killed_worker_is_one_message_with_the_fix(capsys, monkeypatch):
     from distributed import KilledWorker
 
     def dies(args):
-        raise KilledWorker("('dkern-kernel-blocks-1', 0, 0)",
+        raise KilledWorker("('dk-kblocks-1', 0, 0)",
                            SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
 
     monkeypatch.setattr(cli.info, "run", dies)

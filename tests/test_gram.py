@@ -128,15 +128,15 @@ def test_keops_backend_through_dask(dtype, sync_scheduler):
 
 
 def _gram_tasks_by_worker(task_stream):
-    """{worker address: number of dkern-gram-matvec block tasks it ran} from a task-stream
-    record (a block task is named ``dkern-gram-matvec-…``, fused or not with its partial sum;
-    the tree sum's tasks are ``dkern-gram-matvec-sum-…``)."""
+    """{worker address: number of dk-gram-mv block tasks it ran} from a task-stream
+    record (a block task is named ``dk-gram-mv-…``, fused or not with its partial sum;
+    the tree sum's tasks are ``dk-gram-mv-sum-…``)."""
     ran = {}
     for record in task_stream:
         key = record["key"]
         name = key[0] if isinstance(key, tuple) else str(key)
-        if (name.startswith("dkern-gram-matvec-")
-                and not name.startswith("dkern-gram-matvec-sum-")):
+        if (name.startswith("dk-gram-mv-")
+                and not name.startswith("dk-gram-mv-sum-")):
             ran[record["worker"]] = ran.get(record["worker"], 0) + 1
     return ran
 
@@ -195,8 +195,8 @@ def test_square_operator_shift_transpose_and_diag(sync_scheduler):
 def test_task_keys_read_well_in_dashboard(sync_scheduler):
     op = dkern.gram(KERNEL, da.from_array(X, chunks=(128, -1)), Z, backend="numpy")
     names = {k[0] if isinstance(k, tuple) else k for k in dict((op @ Z[:, 0]).dask)}
-    assert any(n.startswith("dkern-gram-matvec-") for n in names)
-    assert (op @ Z[:, :2]).name.startswith("dkern-gram-matvec-sum-")
+    assert any(n.startswith("dk-gram-mv-") for n in names)
+    assert (op @ Z[:, :2]).name.startswith("dk-gram-mv-sum-")
 
 
 def test_no_task_builds_the_dense_matrix(sync_scheduler):
@@ -375,7 +375,7 @@ def test_broadcast_arrays_reach_every_task_through_one_key(sync_scheduler):
                           name="test-broadcast", broadcast={"C": C, "w": w})
     np.testing.assert_allclose(out.compute()[:, 0], X @ C @ w * M, rtol=1e-12)
     graph = dict(out.__dask_graph__())
-    shared = [key for key in graph if str(key[0]).startswith("dkern-broadcast-")]
+    shared = [key for key in graph if str(key[0]).startswith("dk-bc-")]
     blocks = [key for key in graph if key[0].startswith("test-broadcast-")
               and not key[0].startswith("test-broadcast-sum-")]
     assert len(shared) == 2 and len(blocks) == 6 * 6  # one key per array, 6 × 6 chunk pairs
@@ -418,4 +418,4 @@ def test_pairwise_rows_maps_row_chunks_with_operands_and_broadcast(sync_schedule
     assert out.chunks == (Xd.chunks[0], (3,))
     np.testing.assert_allclose(out.compute(), X @ C * scale, rtol=1e-14)
     diag = dkern.gram(KERNEL, Xd, backend="numpy").diag()
-    assert diag.name.startswith("dkern-gram-diag-") and diag.chunks == (Xd.chunks[0],)
+    assert diag.name.startswith("dk-diag-") and diag.chunks == (Xd.chunks[0],)

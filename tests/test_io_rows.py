@@ -37,7 +37,7 @@ def test_numpy_int_becomes_float64_one_row_chunked_array():
     assert out.dtype == np.float64
     assert out.chunks == ((10,), (3,))
     np.testing.assert_array_equal(out.compute(), x.astype(np.float64))
-    assert out.name.startswith("dkern-X-")
+    assert out.name.startswith("dk-X-")
 
 
 def test_list_input_row_chunks_and_float32_cast():
@@ -173,7 +173,7 @@ def test_nan_in_dask_raises_at_compute_naming_rows():
     x = np.ones((40, 2))
     x[23, 0] = np.nan
     out = as_rows(da.from_array(x, chunks=(10, 2)), name="X")  # building does not raise
-    assert out.name.startswith("dkern-check-X-")
+    assert out.name.startswith("dk-check-X-")
     np.testing.assert_array_equal(out[:20].compute(), np.ones((20, 2)))  # clean chunks pass
     with pytest.raises(
         ValueError,

@@ -66,7 +66,7 @@ def test_round_trip_is_exact(url, dtype, kind):
     assert X2.dtype == dtype and y2.dtype == dtype
     assert X2.chunks == ((128,) * 7 + (105,), (3,))
     assert y2.chunks == ((128,) * 7 + (105,),)
-    assert X2.name.startswith("dkern-read-X-")
+    assert X2.name.startswith("dk-read-X-")
     np.testing.assert_array_equal(X2.compute(), x)
     np.testing.assert_array_equal(y2.compute(), y)
 

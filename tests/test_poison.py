@@ -26,8 +26,8 @@ def test_killed_worker_key_is_named_by_block_and_rows(sync_scheduler):
     X = da.from_array(RNG.normal(size=(350, 2)), chunks=(100, -1))
     op = dkern.gram(dkern.kernels.Gaussian(1.0), X, RNG.normal(size=(70, 2)), backend="numpy")
     product = op @ np.ones(70)
-    layer = next(n for n in product.dask.layers if n.startswith("dkern-gram-matvec-")
-                 and not n.startswith("dkern-gram-matvec-sum"))
+    layer = next(n for n in product.dask.layers if n.startswith("dk-gram-mv-")
+                 and not n.startswith("dk-gram-mv-sum"))
     dead = SimpleNamespace(address="tcp://127.0.0.1:4242")
     with pytest.raises(WorkerFailureError) as info, worker_failures():
         raise KilledWorker((layer, 2, 0, 0), dead, 2)
@@ -36,7 +36,7 @@ def test_killed_worker_key_is_named_by_block_and_rows(sync_scheduler):
     assert err.rows == {"X": (200, 300), "Z": (0, 70)}
     assert err.key == (layer, 2, 0, 0)
     message = str(err)
-    assert message.startswith("block (2, 0) of dkern-gram-matvec (rows 200–299 of X, rows 0–69 "
+    assert message.startswith("block (2, 0) of dk-gram-mv (rows 200–299 of X, rows 0–69 "
                               "of Z) killed its worker 3 times")
     assert "allowed-failures=2" in message and "tcp://127.0.0.1:4242" in message
 
@@ -53,13 +53,13 @@ def test_a_fused_task_is_named_by_its_row_block(sync_scheduler):
 
     X = da.from_array(RNG.normal(size=(350, 2)), chunks=(100, -1))
     op = dkern.gram(dkern.kernels.Gaussian(1.0), X, RNG.normal(size=(70, 2)), backend="numpy",
-                    name="dkern-predict")
+                    name="dk-predict")
     assert (op @ np.ones(70)).shape == (350,)  # building the product registers its blocks
-    key = ("dkern-predict-dkern-predict-sum-getitem-store-map-0123abcd", 3)
+    key = ("dk-predict-dk-predict-sum-getitem-store-map-0123abcd", 3)
     with pytest.raises(WorkerFailureError) as info, worker_failures():
         raise KilledWorker(key, SimpleNamespace(address="tcp://127.0.0.1:1"), 0)
     assert info.value.rows == {"X": (300, 350)}
-    assert str(info.value).startswith("block 3 of dkern-predict (rows 300–349 of X) killed its "
+    assert str(info.value).startswith("block 3 of dk-predict (rows 300–349 of X) killed its "
                                       "worker once")
     with pytest.raises(WorkerFailureError) as info, worker_failures():
         raise KilledWorker(("getitem-0123abcd", 3), SimpleNamespace(address="tcp://h:1"), 0)
@@ -70,7 +70,7 @@ def test_a_fused_task_is_named_by_its_row_block(sync_scheduler):
 @pytest.mark.slow
 def test_poison_block_fails_with_its_rows_not_a_hang(tmp_path):
     """Predicting to Zarr with a test row that kills every worker: after 2 deaths
-    (allowed-failures=1) the error names block 2 of dkern-predict and rows 200-299, chains
+    (allowed-failures=1) the error names block 2 of dk-predict and rows 200-299, chains
     the KilledWorker, and nothing is published. On the old code: a bare KilledWorker."""
     from distributed import KilledWorker
 
@@ -87,9 +87,9 @@ def test_poison_block_fails_with_its_rows_not_a_hang(tmp_path):
         elapsed = time.monotonic() - start
     err = info.value
     assert isinstance(err.__cause__, KilledWorker)
-    assert err.layer.startswith("dkern-predict-") and err.rows["X"] == (200, 300)
+    assert err.layer.startswith("dk-predict-") and err.rows["X"] == (200, 300)
     # Dask fuses the block with its sum and the store into one task (index 2) or not (2, 0)
-    assert "of dkern-predict (rows 200–299 of X" in str(err)
+    assert "of dk-predict (rows 200–299 of X" in str(err)
     assert "killed its worker 2 times" in str(err)
     assert elapsed < 300, f"the poison block took {elapsed:.0f} s to be reported"
     assert not (tmp_path / "pred.zarr").exists() or check_store(url).ok

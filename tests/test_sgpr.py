@@ -174,7 +174,7 @@ def test_passes_take_small_arrays_as_one_broadcast_key_each():
     key each (``pairwise_reduce``'s broadcast operands), however many row chunks there are."""
     stats = sgpr_statistics(KERNEL, chunked(X), Y, CENTERS)
     _, var = sgpr_predict(stats, SIGMA2, chunked(X_TEST, 10))
-    keys = [k[0] for k in dict(var.__dask_graph__()) if str(k[0]).startswith("dkern-broadcast-")]
+    keys = [k[0] for k in dict(var.__dask_graph__()) if str(k[0]).startswith("dk-bc-")]
     assert sorted(k.rsplit("-", 1)[0] for k in keys) == [
-        "dkern-broadcast-L", "dkern-broadcast-LB", "dkern-broadcast-c", "dkern-broadcast-z"]
+        "dk-bc-L", "dk-bc-LB", "dk-bc-c", "dk-bc-z"]
     assert var.numblocks == (6,)

@@ -58,12 +58,29 @@ def prefixes():
 
 def test_dkern_work_has_names_that_say_what_it_does(prefixes):
     joined = " ".join(sorted(prefixes))
-    for name in ("dkern-gram-matvec", "dkern-gram-matvec-sum", "dkern-gram-diag",
-                 "dkern-nystrom-knmtknm", "dkern-nystrom-knmtv", "dkern-predict",
-                 "dkern-predict-sum", "dkern-check-X"):
+    for name in ("dk-gram-mv", "dk-gram-mv-sum", "dk-diag",
+                 "dk-ktk-v", "dk-kt-y", "dk-predict",
+                 "dk-predict-sum", "dk-check-X"):
         assert re.search(rf"(^|-){re.escape(name)}(-|$| )", joined), (name, sorted(prefixes))
-    old = {"dkern-gram", "dkern-knm-normal", "dkern-knm-cached", "dkern-diag", "dkern-pick"}
+    old = {"dkern-gram", "dkern-knm-normal", "dkern-knm-cached", "dkern-diag", "dkern-pick",
+           "dkern-gram-matvec", "dkern-nystrom-knmtknm", "dkern-predict"}
     assert not old & prefixes
+
+
+def _shown(prefix):
+    """How distributed's progress bars label a prefix (diagnostics/progress_stream.py)."""
+    return prefix if len(prefix) <= 15 else prefix[:12] + "..."
+
+
+def test_prefixes_stay_distinct_as_the_dashboard_cuts_them(prefixes):
+    """The progress bars show a prefix over 15 characters as its first 12 and "...":
+    before, "dk-knm..." stood for three different passes."""
+    own = sorted(p for p in prefixes if p.startswith("dk-") and p.count("dk-") == 1)
+    assert len(own) >= 8, own
+    assert len({_shown(p) for p in own}) == len(own), [_shown(p) for p in own]
+    documented = re.findall(r"^\| `(dk-[a-z-]+)`", DOC.read_text(), flags=re.M)
+    assert len(documented) >= 20 and all(len(p) <= 15 for p in documented), \
+        [p for p in documented if len(p) > 15]
 
 
 def test_no_prefix_carries_an_iteration_number(prefixes):
@@ -75,5 +92,5 @@ def test_every_other_prefix_is_a_documented_dask_step(prefixes):
     lists, so everything the dashboard shows is explained there."""
     words = _generic_words()
     assert {"add", "sum", "rechunk"} <= words
-    unexplained = [p for p in prefixes if "dkern-" not in p and set(p.split("-")) - words]
+    unexplained = [p for p in prefixes if "dk-" not in p and set(p.split("-")) - words]
     assert not unexplained, f"add these dask steps to {DOC.name}: {sorted(unexplained)}"

@@ -301,7 +301,7 @@ def read_name(url: str, group: str, name: str, entry: dict[str, Any]) -> str:
     if "://" not in url or url.startswith("file://"):
         url = os.path.abspath(url.removeprefix("file://"))
     label = "/".join(p for p in (group, name) if p)
-    return f"dkern-read-{label}-{tokenize(url.rstrip('/'), entry['path'], entry['uid'])}"
+    return f"dk-read-{label}-{tokenize(url.rstrip('/'), entry['path'], entry['uid'])}"
 
 
 def plain_members(root: zarr.Group) -> list[str]:

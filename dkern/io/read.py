@@ -60,7 +60,7 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
     Returns
     -------
     dask.array.Array of the stored shape and dtype
-        Keys ``dkern-read-{path}-{token}``; a chunk that is missing or fails its
+        Keys ``dk-read-{path}-{token}``; a chunk that is missing or fails its
         crc32c checksum raises :class:`~dkern.errors.CorruptChunkError` when computed.
 
     Raises
@@ -75,7 +75,7 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
     entry = read_pointer(root, url, group).get("arrays", {}).get(name)
     if entry is None:
         z = _plain_array(root, url, group, name)
-        dask_name = f"dkern-read-{path}-{tokenize(url, path, z.shape, str(z.dtype), z.chunks)}"
+        dask_name = f"dk-read-{path}-{tokenize(url, path, z.shape, str(z.dtype), z.chunks)}"
     else:
         z = _dkern_array(url, group, name, entry, verify=verify)
         dask_name = read_name(url, group, name, entry)  # write_arrays recognises it by this name

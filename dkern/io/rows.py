@@ -201,7 +201,7 @@ def _numpy_rows(
                 f"row {int(np.argmax(bad))}. Drop or impute those rows."
             )
     rows = row_chunks or default_row_chunk(len(x), math.prod(x.shape[1:]), x.itemsize)
-    return da.from_array(x, chunks=(rows, *x.shape[1:]), name=f"dkern-{name}-{tokenize(x)}")
+    return da.from_array(x, chunks=(rows, *x.shape[1:]), name=f"dk-{name}-{tokenize(x)}")
 
 
 def _dask_rows(
@@ -225,7 +225,7 @@ def _stored_rows(
     if isinstance(X, zarr.Array):
         where = str(X.store_path)
         token = tokenize(where, X.shape, str(X.dtype), X.chunks)
-        x = zarr_to_dask(X, url=where, label=name, name=f"dkern-read-{name}-{token}")
+        x = zarr_to_dask(X, url=where, label=name, name=f"dk-read-{name}-{token}")
     else:
         x = open_array(*X)
     _check_shape(name, x.shape, allowed)
@@ -247,7 +247,7 @@ def checked_values(x: da.Array, name: str, max_abs: float | None = None) -> da.A
         max_abs,
         dtype=x.dtype,
         meta=x._meta,
-        name=f"dkern-check-{name}-{tokenize(x.name, name, max_abs)}",
+        name=f"dk-check-{name}-{tokenize(x.name, name, max_abs)}",
     )
 
 

@@ -182,7 +182,7 @@ def _regression_arrays(
         chunks=chunks,
         dtype=dtype,
         meta=np.empty((0, 0), dtype=dtype),
-        name=f"dkern-synthetic-regression-{token}",
+        name=f"dk-synthetic-{token}",
     )
     return Z[:, :d], Z[:, d]
 

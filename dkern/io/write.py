@@ -270,7 +270,7 @@ def _as_source(name: str, x: Any, chunk_rows: int | None) -> da.Array:
     if isinstance(x, np.ndarray):
         # a random name: hashing the data for a token would cost a pass over it
         return da.from_array(x, chunks=(rows, *x.shape[1:]),
-                             name=f"dkern-write-{name}-{uuid.uuid4().hex}")
+                             name=f"dk-write-{name}-{uuid.uuid4().hex}")
     return x.rechunk({0: rows, **whole})
 
 

@@ -128,7 +128,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
         sums = _smoothing.log_sums(Xv, self.X_fit_, kernel=kernel, box=box,
-                                   bandwidth=self.bandwidth_, name="dkern-kde",
+                                   bandwidth=self.bandwidth_, name="dk-kde",
                                    backend=resolve_backend(self.backend))
         logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
                              dtype=np.float64, meta=np.empty(0))

@@ -214,7 +214,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
                tol: float, max_iter: int | None, callback: Any) -> _klr.KlrFit:
         """Every binary problem's β, side by side as the columns of one solve."""
         Xw = X if X.dtype == np.float64 else X.astype(np.float64)
-        K = gram(kernel, Xw, backend=self.backend, name="dkern-klr-matvec")
+        K = gram(kernel, Xw, backend=self.backend, name="dk-klr-mv")
         T = da.from_array(one_vs_rest_targets(codes, len(self.classes_)),
                           chunks=(K.col_chunks, -1))
         nalpha = X.shape[0] * alpha
@@ -241,7 +241,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         check_is_fitted(self, "dual_coef_")
         Xv = check_X(self, X, reset=False)
         scores = gram(self.kernel_, Xv, self.X_fit_, backend=self.backend, dtype=np.float64,
-                      name="dkern-predict") @ self.dual_coef_
+                      name="dk-predict") @ self.dual_coef_
         return scores.compute() if isinstance(Xv, np.ndarray) else scores
 
     @labelled_output("probability", column_dim="class", columns="classes_")

@@ -287,7 +287,7 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         if self.solver_ == "nystrom":
             beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory
             pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend,
-                                   dtype=np.float64, name="dkern-predict").matvec(beta)
+                                   dtype=np.float64, name="dk-predict").matvec(beta)
         else:  # exact, cg and gd: the kernel expansion of their posteriors' means
             pred = KernelExpansion(self.kernel_, self.X_fit_, self.dual_coef_,
                                    backend=self.backend).mean(Xv)

@@ -116,7 +116,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=True)
         sums = _smoothing.log_sums(Xv, self.X_fit_, self.y_fit_, kernel=kernel, box=box,
-                                   bandwidth=float(self.bandwidth), name="dkern-nw",
+                                   bandwidth=float(self.bandwidth), name="dk-nw",
                                    backend=resolve_backend(self.backend))
         pred = da.map_blocks(_weighted_mean, sums, dtype=np.float64,
                              chunks=(sums.chunks[0], (sums.shape[1] - 2,)))

@@ -153,7 +153,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         y2 = self.y_fit_.reshape(len(self.y_fit_), -1)
         if isinstance(ind, da.Array):
             pred = pairwise_rows(_weighted_mean, ind, [w], width=y2.shape[1],
-                                 dtype=np.float64, name="dkern-knn-mean", broadcast={"y": y2})
+                                 dtype=np.float64, name="dk-knn-mean", broadcast={"y": y2})
         else:
             pred = _weighted_mean(ind, w, y=y2)
         return pred[:, 0] if self.y_fit_.ndim == 1 else pred
@@ -224,7 +224,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         n_classes = len(self.classes_)
         if isinstance(ind, da.Array):
             return pairwise_rows(_vote_shares, ind, [w], width=n_classes, dtype=np.float64,
-                                 name="dkern-knn-vote", broadcast={"codes": self.y_codes_},
+                                 name="dk-knn-vote", broadcast={"codes": self.y_codes_},
                                  n_classes=n_classes)
         return _vote_shares(ind, w, codes=self.y_codes_, n_classes=n_classes)
 

@@ -32,7 +32,7 @@ class GramOperator(Operator):
     """
 
     def __init__(self, kernel: Kernel, X: da.Array, Z: da.Array | None, backend: str, *,
-                 name: str = "dkern-gram-matvec", labels: tuple[str, str] = ("X", "Z")) -> None:
+                 name: str = "dk-gram-mv", labels: tuple[str, str] = ("X", "Z")) -> None:
         check_n_features(kernel, X.shape[1])
         self.kernel, self.X, self.backend = kernel, X, backend
         self.task_name, self.labels = name, labels
@@ -88,7 +88,7 @@ class GramOperator(Operator):
         Vd = Vd.rechunk((self.col_chunks, -1))
         t, p = Vd.shape[1], len(self.kernel.theta)
         total = pairwise_reduce(self.blocks.kernel_grad_matvec, self.X, self.Z, [(Vd, "cols")],
-                                over="cols", width=t * p, name="dkern-gram-grad-matvec",
+                                over="cols", width=t * p, name="dk-grad-mv",
                                 labels=self.labels, kernel=self.kernel)
         return total.reshape(self.shape[0], t, p)
 
@@ -98,7 +98,7 @@ class GramOperator(Operator):
             raise ValueError(f"diag() needs a square operator gram(kernel, X); this one has "
                              f"shape {self.shape} with Z given.")
         return pairwise_rows(self.blocks.kernel_diag, self.X, width=None, dtype=self.dtype,
-                             name="dkern-gram-diag", kernel=self.kernel)
+                             name="dk-diag", kernel=self.kernel)
 
     def kernel_blocks(self) -> da.Array:
         """The kernel values as a lazy (n, m) dask array, chunked like X's rows by Z's.
@@ -107,7 +107,7 @@ class GramOperator(Operator):
         cluster; never compute it whole on the client.
         """
         return pairwise_map(self.blocks.kernel_block, self.X, self.Z, dtype=self.dtype,
-                            name="dkern-kernel-blocks", labels=self.labels,
+                            name="dk-kblocks", labels=self.labels,
                             kernel=self.kernel)
 
     @property
@@ -121,7 +121,7 @@ class GramOperator(Operator):
 
 def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
          dtype: Any = None, check_finite: bool = True,
-         name: str = "dkern-gram-matvec") -> GramOperator:
+         name: str = "dk-gram-mv") -> GramOperator:
     """The lazy Gram operator ``K(X, Z)``, never materialised.
 
     Parameters
@@ -139,9 +139,9 @@ def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
         Compute dtype; by default float32 data stays float32, anything else is float64.
     check_finite : bool, default=True
         Reject NaN/Inf in X and Z (lazily, as chunks are read, for dask/Zarr input).
-    name : str, default="dkern-gram-matvec"
+    name : str, default="dk-gram-mv"
         Prefix of the keys of ``op @ V``'s block tasks as the dashboard shows them, e.g.
-        ``"dkern-predict"`` (dkern's own names are listed in cluster/task-names.md).
+        ``"dk-predict"`` (dkern's own names are listed in cluster/task-names.md).
 
     Returns
     -------

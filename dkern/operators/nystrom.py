@@ -66,14 +66,14 @@ class NystromOperator(GramOperator):
     backend : {"auto", "numpy", "keops"}, default="auto"
     dtype : {None, numpy.float32, numpy.float64}
         Compute dtype; by default float32 data stays float32, anything else is float64.
-    name : str, default="dkern-nystrom-knmv"
+    name : str, default="dk-knm-v"
         Prefix of the keys of ``op @ v``'s block tasks on the dashboard (e.g.
-        ``"dkern-predict"``); the other products have their own names
-        (``dkern-nystrom-knmtknm``, ``dkern-nystrom-knmtv``).
+        ``"dk-predict"``); the other products have their own names
+        (``dk-ktk-v``, ``dk-kt-y``).
     """
 
     def __init__(self, kernel: Kernel, X: Any, centers: Any, backend: str = "auto",
-                 dtype: Any = None, name: str = "dkern-nystrom-knmv") -> None:
+                 dtype: Any = None, name: str = "dk-knm-v") -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a dkern kernel such as dkern.kernels.Gaussian(1.0); "
                             f"got {type(kernel).__name__}.")
@@ -85,7 +85,7 @@ class NystromOperator(GramOperator):
         check_n_features(kernel, C.shape[1])
         if not np.all(np.isfinite(C)):
             raise ValueError("centers contain NaN or infinity; pick centres among finite rows.")
-        Cd = da.from_array(C, chunks=C.shape, name=f"dkern-centers-{tokenize(C)}")
+        Cd = da.from_array(C, chunks=C.shape, name=f"dk-centers-{tokenize(C)}")
         super().__init__(kernel, Xd, Cd, resolve_backend(backend), name=name, labels=("X", "C"))
         self.C = C
         self.cached: da.Array | None = None
@@ -113,7 +113,7 @@ class NystromOperator(GramOperator):
         if self.cached is None:
             return super()._matvec(V)
         out = pairwise_reduce(cached_matvec_block, self.cached, V, over="cols",
-                              width=V.shape[1], name=f"{self.task_name}-cached",
+                              width=V.shape[1], name=f"{self.task_name}-c",
                               labels=("X", "V"))
         return out.astype(self.dtype, copy=False)
 
@@ -125,10 +125,10 @@ class NystromOperator(GramOperator):
         V = self.as_operand(np.asarray(v, dtype=np.float64).reshape(self.shape[1], -1))
         if self.cached is not None:
             return pairwise_reduce(cached_normal_block, self.cached, V, over="rows",
-                                   width=V.shape[1], name="dkern-nystrom-knmtknm-cached",
+                                   width=V.shape[1], name="dk-ktk-v-c",
                                    labels=("X", "V"))
         return pairwise_reduce(self.blocks.normal_matvec, self.X, self.Z, [(V, "cols")],
-                               over="rows", width=V.shape[1], name="dkern-nystrom-knmtknm",
+                               over="rows", width=V.shape[1], name="dk-ktk-v",
                                labels=self.labels, kernel=self.kernel)
 
     def rmatvec(self, Y: Any) -> da.Array:
@@ -140,10 +140,10 @@ class NystromOperator(GramOperator):
         Y2 = Yd.reshape(Yd.shape[0], -1).rechunk((self.X.chunks[0], -1))
         if self.cached is None:
             transpose = GramOperator(self.kernel, self.Z, self.X, self.backend,
-                                     name="dkern-nystrom-knmtv", labels=("C", "X"))
+                                     name="dk-kt-y", labels=("C", "X"))
             return (transpose @ Y2).astype(np.float64)
         return pairwise_reduce(cached_rmatvec_block, self.cached, self.Z, [(Y2, "rows")],
-                               over="rows", width=Y2.shape[1], name="dkern-nystrom-knmtv-cached",
+                               over="rows", width=Y2.shape[1], name="dk-kt-y-c",
                                labels=("X", "C"))
 
     def __repr__(self) -> str:

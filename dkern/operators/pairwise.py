@@ -77,7 +77,7 @@ def pairwise_reduce(block: Callable[..., Any], rows: da.Array, cols: da.Array,
     width : int
         Columns of every partial result (1 for a structured dtype: one record per row).
     name : str
-        Prefix of the task keys as the dashboard shows them, e.g. ``"dkern-gram-matvec"``;
+        Prefix of the task keys as the dashboard shows them, e.g. ``"dk-gram-mv"``;
         the tree reduction's tasks get ``name + "-sum"``.
     combine : callable, default numpy.sum
         ``combine(x, axis=..., keepdims=...)``, associative (``numpy.sum``,
@@ -140,7 +140,7 @@ def pairwise_rows(block: Callable[..., Any], rows: da.Array, operands: Sequence[
     dtype : numpy dtype
         Of the result.
     name : str
-        Prefix of the task keys, e.g. ``"dkern-gram-diag"``.
+        Prefix of the task keys, e.g. ``"dk-diag"``.
     broadcast : mapping of str to array, optional
         As for :func:`pairwise_reduce`.
     label : str, default "X"
@@ -271,7 +271,7 @@ def _single_chunk(key: str, value: Any) -> da.Array:
     """A client array as a one-chunk dask array named by its content (sent once)."""
     array = np.asarray(value)
     return da.from_array(array, chunks=array.shape,
-                         name=f"dkern-broadcast-{key}-{tokenize(array)}")
+                         name=f"dk-bc-{key}-{tokenize(array)}")
 
 
 def _indexed(rows: da.Array, cols: da.Array | None,

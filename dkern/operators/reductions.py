@@ -44,7 +44,7 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
     kernel, box_width, scale
         As :func:`dkern.backends.smoothing.weighted_log_sums_block`.
     name : str
-        The dashboard's task prefix, e.g. ``"dkern-kde"``.
+        The dashboard's task prefix, e.g. ``"dk-kde"``.
     backend : {"numpy", "keops"}, default="numpy"
         A concrete backend (:func:`dkern.backends.resolve_backend`).
 
@@ -61,7 +61,7 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
 
 
 def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
-                      name: str = "dkern-knn", backend: str = "numpy") -> tuple[da.Array, da.Array]:
+                      name: str = "dk-knn", backend: str = "numpy") -> tuple[da.Array, da.Array]:
     """The k nearest training rows of every query row (Euclidean; ties to the lower index).
 
     Partial results travel as records of :func:`~dkern.backends.neighbors.neighbors_dtype`
@@ -72,7 +72,7 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
     queries : dask.array.Array of shape (q, d)
     training : dask.array.Array of shape (n, d)
     k : int
-    name : str, default="dkern-knn"
+    name : str, default="dk-knn"
     backend : {"numpy", "keops"}, default="numpy"
         A concrete backend (:func:`dkern.backends.resolve_backend`).
 

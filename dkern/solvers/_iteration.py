@@ -121,7 +121,7 @@ def _dots(pairs: list[tuple[Vectors, Vectors]]) -> list[Vectors]:
     args = [x for v in vectors for x in (v, "ij")]
     partial = da.blockwise(_dots_block, "ipj", *args, index=index, new_axes={"p": len(pairs)},
                            adjust_chunks={"i": 1}, dtype=np.float64,
-                           meta=np.empty((0, 0, 0)), token="dkern-cg-dots")
+                           meta=np.empty((0, 0, 0)), token="dk-cg-dots")
     total = partial.sum(axis=0)
     return [total[k] for k in range(len(pairs))]
 

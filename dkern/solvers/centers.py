@@ -106,7 +106,7 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
     Z, Linv = _bless_dictionary(kernel, Xd, alpha, rng, blocks)
     (scores,) = dask.persist(pairwise_rows(
         blocks.leverage, Xd.astype(np.float64), width=1, dtype=np.float64,
-        name="dkern-leverage", broadcast={"z": Z.astype(np.float64), "Linv": Linv}, kernel=kernel,
+        name="dk-leverage", broadcast={"z": Z.astype(np.float64), "Linv": Linv}, kernel=kernel,
         alpha=alpha)[:, 0])
     return gather_rows(Xd, np.sort(sample_distinct(scores, M, rng)))
 

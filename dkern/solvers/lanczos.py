@@ -211,7 +211,7 @@ def lanczos_predict(result: LanczosResult, cross: GramOperator,
     W = cross.matvec(result.V).astype(np.float64)  # shape: (n*, r + k)
     mean = W @ weights
     variance = pairwise_rows(_variance_block, W, [prior[:, None]], width=None,
-                             dtype=np.float64, name="dkern-lanczos-variance", label="X_test",
+                             dtype=np.float64, name="dk-love-var", label="X_test",
                              broadcast={"L": L})
     return mean, variance
 
@@ -219,7 +219,7 @@ def lanczos_predict(result: LanczosResult, cross: GramOperator,
 def gram_diag(cross: GramOperator) -> da.Array:
     """``k(x*, x*)`` for the rows of a (possibly rectangular) Gram operator; shape (n*,)."""
     return pairwise_rows(cross.blocks.kernel_diag, cross.X, width=None, dtype=cross.dtype,
-                         name="dkern-gram-diag", label="X_test", kernel=cross.kernel)
+                         name="dk-diag", label="X_test", kernel=cross.kernel)
 
 
 def _variance_block(W: np.ndarray, prior: np.ndarray, *, L: np.ndarray) -> np.ndarray:

@@ -169,7 +169,7 @@ def kernel_columns(kernel: Kernel, X: Any, Z: Any, *, backend: str) -> da.Array:
     """
     op = gram(kernel, X, Z, backend=backend, dtype=np.float64)
     return pairwise_map(op.blocks.kernel_columns, op.X, op.Z, dtype=np.float64,
-                        name="dkern-kernel-blocks", labels=op.labels, kernel=op.kernel)
+                        name="dk-kblocks", labels=op.labels, kernel=op.kernel)
 
 
 def _psd_inverse_sqrt(H: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ def chunk_sum_block(w: np.ndarray) -> np.ndarray:
 def chunk_sums(weights: da.Array) -> np.ndarray:
     """Sum of the weights in each row chunk, brought to the client; shape (n_chunks,)."""
     sums = da.map_blocks(chunk_sum_block, weights, chunks=(1,), dtype=np.float64,
-                         name=f"dkern-sample-chunk-sums-{tokenize(weights.name)}")
+                         name=f"dk-draw-sums-{tokenize(weights.name)}")
     (out,) = dask.compute(sums)
     return np.maximum(np.asarray(out), 0.0)
 
@@ -64,7 +64,7 @@ def sample_rows(weights: da.Array, size: int, rng: np.random.Generator,
         u = rng.random(counts[c])
         picks.append(da.map_blocks(
             pick_in_chunk_block, weights.blocks[c], chunks=(len(u),), dtype=np.int64, u=u,
-            name=f"dkern-sample-pick-{tokenize(weights.name, c, u)}") + offsets[c])
+            name=f"dk-draw-pick-{tokenize(weights.name, c, u)}") + offsets[c])
     return np.concatenate(dask.compute(*picks)).astype(np.int64)
 
 

@@ -137,7 +137,7 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
     M, t = len(Z), Yd.shape[1]
     sums = pairwise_reduce(block_backend(concrete).sgpr_statistics, Xd, _centres(Z),
                            [(Yd, "rows")], over="rows", width=M + t, broadcast={"L": L},
-                           name="dkern-sgpr-statistics", kernel=kernel, tile=_whitening_rows(M))
+                           name="dk-sgpr", kernel=kernel, tile=_whitening_rows(M))
     trace = GramOperator(kernel, Xd, None, concrete).diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
     trace -= Xd.shape[0] * kernel.white_noise()  # tr K_nn of the noise-free kernel
@@ -151,7 +151,7 @@ def _centres(Z: np.ndarray) -> da.Array:
     indexed by them): one chunk, named by its content as NystromOperator's centres are.
     Everything else a block needs whole (L, the predictive's factors, the gradient's
     weights) is a broadcast operand of the pass."""
-    return da.from_array(Z, chunks=Z.shape, name=f"dkern-centers-{tokenize(Z)}")
+    return da.from_array(Z, chunks=Z.shape, name=f"dk-centers-{tokenize(Z)}")
 
 
 def _whitening_rows(M: int) -> int:
@@ -271,7 +271,7 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
     blocks = block_backend(resolve_backend(backend))
     t = c.shape[1]
     out = pairwise_rows(blocks.sgpr_predict, Xt.astype(np.float64), width=t + 1,
-                        dtype=np.float64, name="dkern-sgpr-predict", label="X_test",
+                        dtype=np.float64, name="dk-sgpr-pred", label="X_test",
                         broadcast={"z": Z, "L": stats.L, "LB": LB, "c": c},
                         kernel=stats.kernel, tile=_whitening_rows(len(Z)))
     return out[:, 0] if t == 1 else out[:, :t], out[:, t]
@@ -360,7 +360,7 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
     p = np.shape(diag_gradient(Z[:1]))[1]
     blocks = block_backend(resolve_backend(backend))
     per_centre = pairwise_reduce(blocks.sgpr_gradient, Xd, _centres(Z), [(Yd, "rows")],
-                                 over="rows", width=p, name="dkern-sgpr-gradient",
+                                 over="rows", width=p, name="dk-sgpr-gr",
                                  broadcast={"knu": d["knu"], "ky": d["ky"]}, kernel=stats.kernel,
                                  gradient=gradient, p=p, tile=_tile_rows(len(Z), p))
     diag = da.map_blocks(_diag_gradient_block, Xd, chunks=(Xd.chunks[0], (p,)),

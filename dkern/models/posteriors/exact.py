@@ -71,7 +71,7 @@ class ExactPosterior(KernelExpansion):
         """Latent variance at Xt (m, d); numpy (m,), or lazy per row chunk for dask Xt."""
         if isinstance(Xt, da.Array):
             return pairwise_rows(_variance_block, Xt, width=None, dtype=np.float64,
-                                 name="dkern-exact-variance", label="X_test",
+                                 name="dk-exact-var", label="X_test",
                                  broadcast={"X": self.X, "L": self.L}, kernel=self.kernel)
         return _variance(self.kernel, self.X, self.L, Xt)
 

@@ -35,7 +35,7 @@ class KernelExpansion:
     def mean(self, Xt: Any) -> da.Array:
         """``K(Xt, X) a``, lazy; shape (m,) or (m, t) as the weights."""
         return gram(self.kernel, Xt, self.X, backend=self.backend, dtype=np.float64,
-                    name="dkern-predict") @ self.weights
+                    name="dk-predict") @ self.weights
 
     def mean_and_variance(self, Xt: Any) -> tuple[Any, Any]:
         """The mean (lazy) and the latent variance at Xt (see the subclass's ``variance``)."""
