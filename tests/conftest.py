@@ -109,7 +109,7 @@ def sync_scheduler():
 LONGEST_FILES = ("test_checkpoint.py", "test_examples.py", "test_worker_loss.py",
                  "test_multihost.py", "test_memory_limits.py", "test_io_crash.py",
                  "test_outlive_client.py", "test_client_bytes.py", "test_tls.py",
-                 "test_gp_regression.py")
+                 "test_gp_regression.py", "test_xarray.py")
 
 
 def pytest_collection_modifyitems(config, items):
