@@ -108,3 +108,26 @@ class Procs:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def stop_groups(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM each process's group (a cluster/ script and what it started), then SIGKILL
+    the groups still alive after 30 s."""
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def sample_worker_memory(client: Any, samples: list, stop: Any) -> None:
+    """Sample the workers' process memory (as their heartbeats report it) into ``samples``
+    every 0.5 s until ``stop`` (a ``threading.Event``) is set."""
+    while not stop.wait(0.5):
+        try:
+            info = client.scheduler_info(n_workers=-1)["workers"].values()
+        except Exception:  # the cluster closing under the last sample
+            return
+        samples.extend(w["metrics"]["memory"] for w in info)

@@ -204,7 +204,7 @@ def _free_port():
 def script_cluster(tmp_path):
     """A scheduler and two workers started by cluster/start-scheduler.sh and
     start-workers.sh, each in a process group of its own; yields the scheduler address."""
-    import signal
+    from _daskproc import stop_groups
 
     port = _free_port()
     env = {**os.environ, "DKERN_PYTHON": sys.executable, "DKERN_PORT": str(port),
@@ -219,13 +219,7 @@ def script_cluster(tmp_path):
     try:
         yield address
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_groups(procs)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from _daskproc import sample_worker_memory
 
 from dkern.errors import MemoryLimitError
 from dkern.io import open_array, write_array
@@ -190,16 +191,6 @@ def _nystrom_reference(C, X, y, X_test):
     return k(X_test, C) @ beta
 
 
-def _worker_memory(client, samples, stop):
-    """Sample the workers' process memory (as their heartbeats report it) until ``stop``."""
-    while not stop.wait(0.5):
-        try:
-            info = client.scheduler_info(n_workers=-1)["workers"].values()
-        except Exception:  # the cluster closing under the last sample
-            return
-        samples.extend(w["metrics"]["memory"] for w in info)
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_fit_on_a_zarr_input_four_times_the_cluster_memory(tmp_path, record_figures):
@@ -225,7 +216,7 @@ def test_fit_on_a_zarr_input_four_times_the_cluster_memory(tmp_path, record_figu
             Client(cluster, set_as_default=False) as client, dask.config.set(scheduler=client):
         pids = client.run(os.getpid)
         samples, stop = [], threading.Event()
-        sampler = threading.Thread(target=_worker_memory, args=(client, samples, stop))
+        sampler = threading.Thread(target=sample_worker_memory, args=(client, samples, stop))
         sampler.start()
         try:
             url = str(tmp_path / "big.zarr")

@@ -3,7 +3,6 @@ the client accepts, memory pauses (with the 32 MiB malloc settings), workers sta
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import dask.array as da
 import numpy as np
 import psutil
 import pytest
+from _daskproc import stop_groups
 from dask.utils import format_bytes
 
 import dkern
@@ -297,13 +297,7 @@ def test_script_started_workers_have_dkern_settings(tmp_path):
         finally:
             client.close()
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_groups(procs)
     (address, values), = got.items()
     assert address.startswith("tcp://127.0.0.1:")
     assert values == (str(32 * MIB), str(WORKER_CONFIG), 0.8, 700 * 10**6, True)

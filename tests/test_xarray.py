@@ -314,15 +314,6 @@ def _big_dataset():
                       coords={"sample": np.arange(BIG_N)})
 
 
-def _worker_memory(client, samples, stop):
-    while not stop.wait(0.5):
-        try:
-            info = client.scheduler_info(n_workers=-1)["workers"].values()
-        except Exception:  # the cluster closing under the last sample
-            return
-        samples.extend(w["metrics"]["memory"] for w in info)
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore::dkern.errors.ConvergenceWarning")  # 3 passes, on purpose
@@ -336,6 +327,7 @@ def test_xarray_workflow_on_data_larger_than_a_worker(tmp_path, record_figures):
     import time
 
     import dask
+    from _daskproc import sample_worker_memory
     from distributed import Client, LocalCluster
 
     url = str(tmp_path / "big.zarr")
@@ -344,7 +336,7 @@ def test_xarray_workflow_on_data_larger_than_a_worker(tmp_path, record_figures):
             Client(cluster, set_as_default=False) as client, dask.config.set(scheduler=client):
         pids = client.run(os.getpid)
         samples, stop = [], threading.Event()
-        sampler = threading.Thread(target=_worker_memory, args=(client, samples, stop))
+        sampler = threading.Thread(target=sample_worker_memory, args=(client, samples, stop))
         sampler.start()
         start = time.perf_counter()
         try:
