@@ -52,7 +52,7 @@ def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
     if base is None:
         return []
     arrays = pointer.get("arrays", {})
-    moved = []
+    moved = False
     for name, entry in arrays.items():
         path = os.path.join(base, name)
         if os.path.islink(path) and os.readlink(path) == entry["path"]:
@@ -65,14 +65,14 @@ def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
                 continue
             os.makedirs(os.path.join(base, aside), exist_ok=True)
             os.rename(path, os.path.join(base, aside, name))
-            moved = [aside]
+            moved = True
         _swap_link(path, entry["path"])
     for name in os.listdir(base):
         path = os.path.join(base, name)
         if name not in arrays and is_own_link(path, name):
             os.unlink(path)
     _refresh_consolidated(url, group)
-    return moved
+    return [aside] if moved else []
 
 
 def _swap_link(path: str, target: str) -> None:

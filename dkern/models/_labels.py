@@ -52,12 +52,8 @@ def labelled_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
         self.__dict__.pop("sample_dim_", None)
         if not (is_labelled(X) or is_labelled(y)):
             return fit(self, X, y, *args, **kwargs)
-        target = _target_rows(y)
-        dim = target.dim if target is not None and is_labelled(X) and target.dim in X.dims \
-            else None
-        rows = labelled_rows(X, name="X", sample_dim=dim) if is_labelled(X) else None
-        if rows is not None and target is not None:
-            check_same_samples(rows, target)
+        rows, target = _paired(X, y, lambda X, along: labelled_rows(X, name="X",
+                                                                    sample_dim=along))
         fitted = fit(self, _method_operand(rows) if rows else X,
                      target.data if target is not None else y, *args, **kwargs)
         if rows is not None:
@@ -77,13 +73,7 @@ def labelled_score(score: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, X: Any, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         if not (is_labelled(X) or is_labelled(y)):
             return score(self, X, y, *args, **kwargs)
-        target = _target_rows(y)
-        rows = None
-        if is_labelled(X):
-            along = target.dim if target is not None and target.dim in X.dims else None
-            rows = _predict_rows(self, X, along)
-            if target is not None:
-                check_same_samples(rows, target)
+        rows, target = _paired(X, y, functools.partial(_predict_rows, self))
         return score(self, _method_operand(rows) if rows else X,
                      target.data if target is not None else y, *args, **kwargs)
 
@@ -139,6 +129,20 @@ def _writes(method: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> 
     names = list(inspect.signature(method).parameters)[1:]  # without self
     return "out" in names and len(args) > names.index("out") and \
         args[names.index("out")] is not None
+
+
+def _paired(X: Any, y: Any, read_rows: Callable[[Any, str | None], LabelledRows]
+            ) -> tuple[LabelledRows | None, LabelledRows | None]:
+    """X's rows (None unless xarray), read by ``read_rows(X, along)`` along y's dimension
+    when X has it, and y's (None unless xarray), refused if they label other samples."""
+    target = _target_rows(y)
+    rows = None
+    if is_labelled(X):
+        along = target.dim if target is not None and target.dim in X.dims else None
+        rows = read_rows(X, along)
+        if target is not None:
+            check_same_samples(rows, target)
+    return rows, target
 
 
 def _target_rows(y: Any) -> LabelledRows | None:
