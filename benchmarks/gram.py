@@ -1,8 +1,10 @@
-"""Kernel-matvec throughput: dkern (numpy, KeOps; in-process and on a LocalCluster) against
-raw pykeops and a straightforward blocked numpy loop, on the same arrays, in one run.
+"""Kernel-matvec throughput: dkern (numpy, KeOps, Triton; in-process and on a LocalCluster)
+against raw pykeops and a straightforward blocked loop, on the same arrays, in one run.
 
     python benchmarks/gram.py                 # CPU: n = m = 20,000, d in {3, 8, 32}, f32 and f64
-    python benchmarks/gram.py --gpu --n 200000  # GPU: raw pykeops on the GPU vs dkern's KeOps path
+    python benchmarks/gram.py --gpu --n 1000000 --dims 3 --repeats 1 --no-cluster
+        # GPU: dkern's Triton and KeOps paths vs raw pykeops and a blocked torch loop
+    python benchmarks/gram.py --gpu --tile-sweep ...   # also time Triton's tile shapes
 
 Prints a table and rewrites its section of benchmarks/RESULTS.md. Throughput is kernel entries
 (n·m) per second, best of --repeats after a warm-up. "err" is the max error on 256 sampled rows
@@ -84,17 +86,77 @@ def cpu_methods(X, Z, v, ell, client):
     return methods
 
 
+def blocked_torch(X, Z, v, ell, rows=1024):
+    """The straightforward GPU loop: ``exp(-cdist² / 2l²) @ v``, 1,024 rows of K at a time
+    stored in GPU memory (what a user writes with torch)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of the script
+    Xt, Zt, vt = (torch.from_numpy(a).to(device) for a in (X, Z, v))
+    out = torch.empty((len(X), v.shape[1]), dtype=Xt.dtype, device=device)
+    for i in range(0, len(X), rows):
+        out[i:i + rows] = torch.exp(torch.cdist(Xt[i:i + rows], Zt) ** 2 / (-2 * ell**2)) @ vt
+    return out.cpu().numpy()
+
+
 def gpu_methods(X, Z, v, ell, client):
+    from dkern.backends import keops_status
+    from dkern.backends.triton_backend import matvec_block_triton
+
     Xd, Zd = da.from_array(X, chunks=(len(X) // 2, -1)), da.from_array(Z, chunks=(len(Z) // 2, -1))
     methods = {
-        "raw pykeops (GPU)": lambda: raw_pykeops(X, Z, v, ell),
-        "dkern/keops in-process (GPU)": lambda: dkern_matvec(Xd, Zd, v, ell, "keops"),
+        "blocked torch (GPU)": lambda: blocked_torch(X, Z, v, ell),
+        "dkern/triton block, one launch (GPU)": lambda: matvec_block_triton(Gaussian(ell), X, Z, v),
+        "dkern/triton in-process (GPU)": lambda: dkern_matvec(Xd, Zd, v, ell, "triton"),
     }
+    backends = ["triton"]
+    if keops_status().available:  # checked in a child process: KeOps may crash compiling
+        backends.append("keops")
+        methods["raw pykeops (GPU)"] = lambda: raw_pykeops(X, Z, v, ell)
+        methods["dkern/keops in-process (GPU)"] = lambda: dkern_matvec(Xd, Zd, v, ell, "keops")
+    else:
+        print(f"KeOps left out: {keops_status().detail}", file=sys.stderr)
     if client is not None:  # one worker process owning the GPU, operands persisted there
         Xc, Zc = client.persist(Xd), client.persist(Zd)
-        methods["dkern/keops LocalCluster(1 worker, GPU)"] = (
-            lambda: dkern_matvec(Xc, Zc, v, ell, "keops", client))
+        for b in backends:
+            methods[f"dkern/{b} LocalCluster(1 worker, GPU)"] = (
+                lambda b=b: dkern_matvec(Xc, Zc, v, ell, b, client))
     return methods
+
+
+def tile_sweep(n, d, dtypes, rng):
+    """Seconds of one fused Triton product per (BN, BM, warps), n = m, Gaussian, t = 1."""
+    from dkern.backends.triton_backend import matvec_block_triton
+
+    rows = []
+    for dtype in dtypes:
+        X, Z = (rng.standard_normal((n, d)).astype(dtype) for _ in range(2))
+        v = rng.standard_normal((n, 1)).astype(dtype)
+        for tiles in TILES:
+            seconds, _ = best_time(
+                lambda t=tiles, X=X, Z=Z, v=v: matvec_block_triton(Gaussian(np.sqrt(d)), X, Z, v,
+                                                                  tiles=t), 1)
+            rows.append([dtype, d, str(tiles), f"{seconds:.3f}", f"{n * n / seconds / 1e9:,.1f}"])
+            print(f"tiles {dtype} {tiles}: {seconds:.3f} s", file=sys.stderr)
+    return markdown_table(["dtype", "d", "(BN, BM, warps)", "seconds", "G entries/s"], rows)
+
+
+#: Tile shapes the sweep times (rows, columns, warps).
+TILES = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64, 2)]
+
+
+def gpu_facts():
+    """The GPU, its driver and CUDA, for the table's machine line."""
+    import torch
+
+    import dkern.backends.select as select
+
+    if not torch.cuda.is_available():
+        return "; no CUDA GPU (a dry run: Triton's interpreter on the CPU)"
+    driver = os.popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader").read()
+    return (f"; GPU {torch.cuda.get_device_name()}, driver {driver.strip()}, CUDA "
+            f"{torch.version.cuda} (torch {torch.__version__}); "
+            f"triton: {select.triton_status().detail}; keops: {select.keops_status().detail}")
 
 
 def summarise(n, table, gpu):
@@ -110,7 +172,7 @@ def summarise(n, table, gpu):
             rows.append([dtype, d, name, f"{sec:.3f}", f"{rate / 1e6:,.0f}",
                          f"{rate / best_base:.2f}", f"{err:.1e}"])
     header = ["dtype", "d", "method", "seconds", "M entries/s", "× best baseline", "err"]
-    target = ("≥ 0.8× raw pykeops on the GPU through the dask path" if gpu else
+    target = ("dkern's Triton and KeOps paths ≥ 0.8× raw pykeops on the GPU" if gpu else
               "dkern's best ≥ 3× the best of raw pykeops and naive numpy, float64")
     lines = [markdown_table(header, rows), "", f"Target: {target}.", ""]
     lines += [f"- {dt} d={d}: best dkern = {name}, **{ratio:.2f}×** the best baseline"
@@ -126,6 +188,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu", action="store_true", help="GPU comparison (needs CUDA)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the LocalCluster runs")
+    parser.add_argument("--tile-sweep", action="store_true",
+                        help="with --gpu: also time Triton's tile shapes at the first d")
     args = parser.parse_args()
     client = None
     if not args.no_cluster:
@@ -141,8 +205,11 @@ def main() -> None:
             print(f"done {dtype} d={d}", file=sys.stderr)
     where = "GPU" if args.gpu else "CPU"
     body = (f"## Gram matvec throughput, {where} (`benchmarks/gram.py`)\n\n"
-            f"n = m = {args.n:,}, Gaussian kernel, t = 1. Machine: {machine()}.\n\n"
-            + summarise(args.n, table, args.gpu))
+            f"n = m = {args.n:,}, Gaussian kernel, t = 1. Machine: {machine()}"
+            f"{gpu_facts() if args.gpu else ''}.\n\n" + summarise(args.n, table, args.gpu))
+    if args.gpu and args.tile_sweep:
+        body += ("\n\n### Triton tile shapes (one fused product, best of one after a warm-up)"
+                 "\n\n" + tile_sweep(args.n, args.dims[0], args.dtypes, rng))
     print(body)
     update_section(f"gram-{where.lower()}", body)
     if client is not None:

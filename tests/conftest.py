@@ -10,6 +10,10 @@ import dask
 import pytest
 from threadpoolctl import threadpool_limits
 
+# Triton's kernels run on the CPU through its interpreter here (tests/test_triton.py), in
+# this process and in the workers of the clusters tests start; "auto" never picks it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One pytest process per core: a second BLAS thread in each oversubscribes the cores, and
     # OpenBLAS' waiting threads then stall small factorisations (a 324 × 324 dpotri: 1,488 ms

@@ -212,5 +212,5 @@ def test_an_unknown_backend_is_refused_by_fit(diabetes):
     for model in (dkern.KernelDensity(backend="gpu"), dkern.NadarayaWatson(backend="gpu"),
                   dkern.KNeighborsRegressor(backend="gpu")):
         with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'numpy', "
-                                             r"'keops'\); got 'gpu'"):
+                                             r"'keops', 'triton'\); got 'gpu'"):
             model.fit(X, y)

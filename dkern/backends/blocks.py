@@ -21,8 +21,9 @@ method                             computes (x: n_i × d, z: m_j × d)   shape
 ================================  ==================================  ================
 
 :class:`BlockBackend` is the Protocol every backend implements; :class:`NumpyBlocks`
-(cache-sized BLAS tiles) and :class:`KeopsBlocks` (KeOps ``Sum``,
-``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions) do; the projection methods come
+(cache-sized BLAS tiles), :class:`KeopsBlocks` (KeOps ``Sum``,
+``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions) and :class:`TritonBlocks`
+(fused Triton products) do; the projection methods come
 from :mod:`.projections`' mixins. Data blocks are
 positional and the kernel a keyword, as
 :func:`~dkern.operators.pairwise.pairwise_reduce` calls block functions.
@@ -55,8 +56,9 @@ from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from .projections import Factor, KeopsProjections, ProjectionBlocks
 from .smoothing import weighted_log_sums_block
+from .triton_backend import NoTritonSource, matvec_block_triton
 
-__all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "block_backend"]
+__all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "TritonBlocks", "block_backend"]
 
 
 @runtime_checkable
@@ -214,14 +216,39 @@ class KeopsBlocks(KeopsProjections, NumpyBlocks):
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         return nearest_block_keops(x, z, limit, index, k=k)
 
-_BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks()}
+class TritonBlocks(NumpyBlocks):
+    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs);
+    the other block functions as numpy's, and so is a kernel Triton cannot express
+    (:mod:`.triton_source`), each logged once per process.
+    """
+
+    name = "triton"
+
+    def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
+                      kernel: Kernel) -> np.ndarray:
+        try:
+            out = matvec_block_triton(kernel, x, z, v)
+        except NoTritonSource as why:
+            log_fallback_once("kernel products", str(why), backend="triton")
+            return super().kernel_matvec(x, z, v, kernel=kernel)
+        return finite_values(out, kernel, x, z, v)
+
+    def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
+                      kernel: Kernel) -> np.ndarray:
+        # k(c, x) = k(x, c)ᵀ: the kernels are symmetric, so two fused products make it
+        inner = self.kernel_matvec(x, c, v, kernel=kernel)
+        return self.kernel_matvec(c, x, inner, kernel=kernel)
+
+
+_BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks(),
+                                    "triton": TritonBlocks()}
 
 
 def block_backend(name: str) -> BlockBackend:
-    """The block functions of a concrete backend (``"numpy"`` or ``"keops"``), as
-    returned by :func:`~dkern.backends.resolve_backend`."""
+    """The block functions of a concrete backend (``"numpy"``, ``"keops"`` or
+    ``"triton"``), as returned by :func:`~dkern.backends.resolve_backend`."""
     try:
         return _BLOCKS[name]
     except KeyError:
-        raise ValueError(f"block_backend takes a concrete backend, 'numpy' or 'keops'; got "
+        raise ValueError(f"block_backend takes a concrete backend, {sorted(_BLOCKS)}; got "
                          f"{name!r}. Resolve 'auto' with resolve_backend first.") from None

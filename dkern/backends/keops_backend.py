@@ -161,16 +161,17 @@ def nearest_block_keops(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: 
     return best_k(np.repeat(np.arange(len(x)), k), sq.ravel(), idx.ravel(), len(x), k)
 
 
-_logged: set[tuple[str, str]] = set()
+_logged: set[tuple[str, str, str]] = set()
 
 
-def log_fallback_once(block: str, reason: str) -> None:
-    """Log, once per process and reason, that ``block`` runs numpy's block under KeOps."""
-    if (block, reason) in _logged:
+def log_fallback_once(block: str, reason: str, backend: str = "keops") -> None:
+    """Log, once per process and reason, that ``block`` runs numpy's block under
+    ``backend``."""
+    if (backend, block, reason) in _logged:
         return
-    _logged.add((block, reason))
-    logger.info("backend='keops': %s run with numpy: %s. Results are the same; "
-                "only the speed differs.", block, reason)
+    _logged.add((backend, block, reason))
+    logger.info("backend=%r: %s run with numpy: %s. Results are the same; "
+                "only the speed differs.", backend, block, reason)
 
 
 _compiled: set[tuple[object, ...]] = set()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import functools
+import importlib.util
 import logging
 import os
 import subprocess
@@ -22,7 +24,7 @@ logger = logging.getLogger(__name__)
 os.environ.setdefault("PYKEOPS_VERBOSE", "0")
 os.environ.setdefault("KEOPS_VERBOSE", "0")
 
-BACKENDS = ("auto", "numpy", "keops")
+BACKENDS = ("auto", "numpy", "keops", "triton")
 
 
 class BackendUnavailableError(DkernError):
@@ -83,17 +85,64 @@ def gpu_visible() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
+def triton_status() -> BackendStatus:
+    """Whether Triton kernels can run here: on a CUDA GPU, or on the CPU through Triton's
+    interpreter when ``TRITON_INTERPRET=1`` (slow; how CI checks them). Cached per process.
+
+    On a GPU a tiny Gaussian product is compiled, run and checked against numpy.
+    """
+    from .triton_backend import interpreting
+
+    missing = [name for name in ("torch", "triton") if importlib.util.find_spec(name) is None]
+    if missing:
+        return BackendStatus("triton", False, f"{' and '.join(missing)} not installed: "
+                             'pip install "dkern[gpu]"')
+    if not interpreting() and ctypes.util.find_library("cuda") is None:
+        # checked before importing torch, which costs seconds on every CPU-only worker
+        return BackendStatus("triton", False, "no CUDA driver (libcuda) on this machine "
+                             "(TRITON_INTERPRET=1 runs the kernels on the CPU, slowly)")
+    import torch
+    import triton
+
+    versions = f"triton {triton.__version__}, torch {torch.__version__}"
+    if interpreting():
+        return BackendStatus("triton", True, f"{versions}, interpreter on the CPU "
+                             "(TRITON_INTERPRET=1: for checking, not speed)")
+    if not torch.cuda.is_available():
+        return BackendStatus("triton", False, f"{versions}, but torch sees no CUDA GPU "
+                             "(TRITON_INTERPRET=1 runs the kernels on the CPU, slowly)")
+    try:
+        _check_triton_product()
+    except Exception as err:  # a compile or driver error: report it, don't raise
+        return BackendStatus("triton", False, f"{versions}: check kernel failed: "
+                             f"{type(err).__name__}: {err}"[:300])
+    return BackendStatus("triton", True, f"{versions}, on {torch.cuda.get_device_name()}")
+
+
+def _check_triton_product() -> None:
+    from ..kernels import Gaussian
+    from .triton_backend import matvec_block_triton
+
+    x = np.linspace(0.0, 1.0, 12).reshape(4, 3)
+    got = matvec_block_triton(Gaussian(1.0), x, x, np.ones(4))
+    want = Gaussian(1.0)(x, x).sum(axis=1, keepdims=True)
+    if not np.allclose(got, want, rtol=1e-12, atol=0.0):
+        raise ArithmeticError(f"Gaussian product {got.ravel()} != numpy's {want.ravel()}")
+
+
 def backend_statuses() -> list[BackendStatus]:
     """The status of every concrete backend (for ``dkern info``)."""
     blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {}).get("name", "BLAS")
     return [BackendStatus("numpy", True, f"numpy {np.__version__} with {blas}; float64 exp: "
-                          f"{fastexp.status()}"), keops_status()]
+                          f"{fastexp.status()}"), keops_status(), triton_status()]
 
 
 def resolve_backend(backend: str) -> str:
-    """The concrete backend (``"numpy"`` or ``"keops"``) for a requested one.
+    """The concrete backend (``"numpy"``, ``"keops"`` or ``"triton"``) for a requested one.
 
-    ``"auto"`` takes KeOps when it works and sees a GPU, and the tiled numpy
+    ``"auto"`` takes KeOps when it works and sees a GPU, else Triton when it works
+    on a GPU (never its CPU interpreter, which is for checking), and the tiled numpy
     backend on CPUs, where cache-sized BLAS tiles beat KeOps' CPU reductions
     (benchmarks/gram.py); the reason is logged.
     """
@@ -108,12 +157,24 @@ def resolve_backend(backend: str) -> str:
                 f"backend='keops' was requested but KeOps does not work here ({status.detail}). "
                 "Use backend='numpy' or 'auto', and see `dkern info`.")
         return backend
+    if backend == "triton":
+        status = triton_status()
+        if not status.available:
+            raise BackendUnavailableError(
+                f"backend='triton' was requested but Triton cannot run here ({status.detail}). "
+                "Use backend='numpy' or 'auto', and see `dkern info`.")
+        return backend
     if not gpu_visible():
-        reason = "no GPU visible"
+        reason = "no GPU visible to KeOps"
     elif not (status := keops_status()).available:
         reason = f"a GPU is visible but KeOps does not work ({status.detail})"
     else:
         logger.info("backend='auto' chose keops: %s", status.detail)
         return "keops"
+    from .triton_backend import interpreting
+
+    if not interpreting() and (triton := triton_status()).available:
+        logger.info("backend='auto' chose triton (%s): %s", reason, triton.detail)
+        return "triton"
     logger.info("backend='auto' chose numpy: %s; tiled BLAS is the fastest CPU path", reason)
     return "numpy"

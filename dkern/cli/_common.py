@@ -22,6 +22,7 @@ from typing import Any
 
 from distributed import KilledWorker
 
+from ..backends import BACKENDS
 from ..errors import DkernError
 
 # --- options ---------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
     other's (demo's tol=1e-3 became fit's)."""
     parser.add_argument("--alpha", type=float, default=1e-3, help=alpha_help)
     parser.add_argument("--tol", type=float, default=tol, help="relative residual to reach")
-    parser.add_argument("--backend", choices=["auto", "numpy", "keops"], default="auto")
+    parser.add_argument("--backend", choices=list(BACKENDS), default="auto")
 
 
 # --- the cluster -----------------------------------------------------------------------

@@ -50,7 +50,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         h > 0, or a rule of thumb computed at fit from the N rows and D features as
         scikit-learn does: Scott's ``N^(-1/(D+4))``, Silverman's
         ``(N (D+2) / 4)^(-1/(D+4))`` (for standardised features).
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the log-sum-exp over the training rows is computed: numpy tiles, or KeOps
         reductions (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
 

@@ -174,7 +174,7 @@ class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive
         Relative residual at which CG stops, for the fit and every variance batch; the
         means and variances of ``"cg"`` are exact to about ``tol`` times the condition
         number of the preconditioned system. Unused by ``"exact"``.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How kernel blocks of the lazy operators are computed.
     random_state : int, numpy Generator or RandomState, optional
         Seeds the optimizer's restarts, the preconditioner's pivots and the centres.

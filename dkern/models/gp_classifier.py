@@ -102,7 +102,7 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
         Relative residual of the CG solves (unused by ``"exact"``).
     max_iter : int, optional
         Iteration cap of each CG solve; default that of :func:`dkern.solvers.cg`.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How kernel blocks are computed by ``"cg"``.
     random_state : int, numpy Generator or RandomState, optional
         Seeds the optimizer's restarts.

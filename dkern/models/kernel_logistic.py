@@ -83,7 +83,7 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         relative to that at β = 0; t the 0/1 targets).
     max_iter : int, optional
         Newton steps (default 100) or gd iterations (default 10 000) at most.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How kernel blocks are computed.
     random_state : int, numpy Generator or RandomState, optional
         Seeds gd's Lanczos start.

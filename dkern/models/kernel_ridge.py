@@ -116,7 +116,7 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
     max_iter : int, optional
         Iteration cap of CG / Falkon / gd; default that of :func:`~dkern.solvers.cg` /
         ``falkon`` / ``gd`` (10 000).
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How kernel blocks are computed.
     random_state : int, numpy Generator or RandomState, optional
         Seeds centre selection, the preconditioner's pivots and gd's Lanczos start.

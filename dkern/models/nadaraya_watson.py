@@ -47,7 +47,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         dkern ``Gaussian``, ARD included, is taken in the log domain like ``"gaussian"``).
     bandwidth : float, default=1.0
         h > 0: rows are divided by it before the kernel.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the weighted sums over the training rows are computed: numpy tiles, or KeOps
         reductions (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
         Only a Gaussian has a KeOps log form: other kernels run numpy's block under

@@ -106,7 +106,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
     weights : {"uniform", "distance"}, default="uniform"
         ``"distance"``: weights ``1/d``; a query at distance 0 from training rows takes
         the mean of those rows' targets (as scikit-learn).
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the search is computed: numpy's candidate tiles, or KeOps' ``KMin_ArgKMin``
         reduction (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
 
@@ -179,7 +179,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     weights : {"uniform", "distance"}, default="uniform"
         ``"distance"``: votes weighted ``1/d``; a query at distance 0 from training rows
         takes those rows' votes only (as scikit-learn).
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the search is computed: numpy's candidate tiles, or KeOps' ``KMin_ArgKMin``
         reduction (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
 

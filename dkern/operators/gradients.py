@@ -69,7 +69,7 @@ def gram_gradient_products(kernel: Kernel, X: Any, V: da.Array, *, backend: str,
     kernel : Kernel
     X : array-like of shape (n, d)
     V : dask.array.Array of shape (n, t)
-    backend : {"auto", "numpy", "keops"}
+    backend : {"auto", "numpy", "keops", "triton"}
     cached : GramOperator, optional
         ``gram(kernel.without_white(), X)`` with its blocks cached: the expanded products
         (module docstring) use it when the kernel is ``c · Gaussian`` (+ White).

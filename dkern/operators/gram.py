@@ -133,7 +133,7 @@ def gram(kernel: Kernel, X: Any, Z: Any = None, *, backend: str = "auto",
         Rows may be chunked; the feature axis must be one chunk.
     Z : array-like of shape (m, d), optional
         Same forms as X; ``None`` gives the square operator ``K(X, X)``.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How blocks are computed; ``"auto"`` logs its choice and reason.
     dtype : {None, numpy.float32, numpy.float64}
         Compute dtype; by default float32 data stays float32, anything else is float64.

@@ -63,7 +63,7 @@ class NystromOperator(GramOperator):
         numpy, dask or Zarr; rows may be chunked.
     centers : ndarray of shape (M, d)
         Held by the client; one chunk on the cluster (M is small).
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
     dtype : {None, numpy.float32, numpy.float64}
         Compute dtype; by default float32 data stays float32, anything else is float64.
     name : str, default="dk-knm-v"

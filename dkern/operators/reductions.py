@@ -45,7 +45,7 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
         As :func:`dkern.backends.smoothing.weighted_log_sums_block`.
     name : str
         The dashboard's task prefix, e.g. ``"dk-kde"``.
-    backend : {"numpy", "keops"}, default="numpy"
+    backend : {"numpy", "keops", "triton"}, default="numpy"
         A concrete backend (:func:`dkern.backends.resolve_backend`).
 
     Returns
@@ -73,7 +73,7 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
     training : dask.array.Array of shape (n, d)
     k : int
     name : str, default="dk-knn"
-    backend : {"numpy", "keops"}, default="numpy"
+    backend : {"numpy", "keops", "triton"}, default="numpy"
         A concrete backend (:func:`dkern.backends.resolve_backend`).
 
     Returns

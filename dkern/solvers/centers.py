@@ -77,7 +77,7 @@ def select_centers(X: Any, n_centers: int | None = None, *, method: str = "unifo
     alpha : float, optional
         The ridge penalty of the problem (> 0); required for ``method="leverage"``.
     random_state : int or numpy.random.Generator, optional
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the leverage scores' whitened blocks ``k(x, J) L⁻ᵀ`` are computed
         (:meth:`~dkern.backends.projections.ProjectionBlocks.leverage`), on the
         dictionary levels and in the pass over X.

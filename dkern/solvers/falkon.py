@@ -128,7 +128,7 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         (rounding floor) stops the solve with a ConvergenceWarning naming the reachable tol.
     max_iter : int, optional
         Default ``DEFAULT_MAX_ITER`` (200); Falkon typically needs tens of iterations.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
     callback : callable, optional
         ``callback(iteration, relative_residuals)``.
     progress : bool, default=False
@@ -137,8 +137,8 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
         Keep ``K_nm`` on the workers when it takes at most this much memory (summed
         over workers) and fits in their memory (:func:`dkern.operators.persist_budget`:
         a share of the workers' memory limits); 0 recomputes the kernel in every pass, as
-        the ``"keops"`` backend always does (KeOps streams kernel values: a cached block
-        would move the passes from the GPU onto the CPU's BLAS).
+        the ``"keops"`` and ``"triton"`` backends always do (they stream kernel values: a
+        cached block would move the passes from the GPU onto the CPU's BLAS).
     sketch_rows : int, optional
         Size s of the uniform row sample the preconditioner estimates ``K_nmᵀ K_nm``
         from; default :func:`sketch_size`. ``s <= M`` uses the centres themselves
@@ -169,9 +169,9 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     max_iter = DEFAULT_MAX_ITER if max_iter is None else integer(max_iter, "max_iter")
     s = sketch_size(n, M) if sketch_rows is None else integer(sketch_rows, "sketch_rows", low=0)
     budget = min(integer(cache_bytes, "cache_bytes", low=0), persist_budget())
-    if op.backend == "keops":  # a cached block would move the passes onto the CPU's BLAS
-        logger.info("falkon: K_nm (%d x %d) recomputed by KeOps in every pass "
-                    "(backend='keops' streams kernel values, never stores them)", *op.shape)
+    if op.backend in ("keops", "triton"):  # a cached block would move the passes onto BLAS
+        logger.info("falkon: K_nm (%d x %d) recomputed in every pass (backend=%r streams "
+                    "kernel values, never stores them)", *op.shape, op.backend)
     elif op.cache_blocks(budget):
         logger.info("falkon: K_nm (%d x %d) cached on the workers", *op.shape)
     else:

@@ -89,7 +89,7 @@ class NystromPreconditioner:
         Pivots drawn per RPCholesky step (one dask pass over X and a few cluster round
         trips per step). Default: ``rank / RPCHOLESKY_STEPS``, at least 16, so that a
         large rank costs ``RPCHOLESKY_STEPS`` steps rather than ``rank / 16``.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the factor's kernel columns ``K(X, X_S)`` and (RPCholesky) the diagonal are
         computed (:func:`kernel_columns`).
 
@@ -161,7 +161,7 @@ def kernel_columns(kernel: Kernel, X: Any, Z: Any, *, backend: str) -> da.Array:
     kernel : Kernel
     X : array-like of shape (n, d)
     Z : array-like of shape (b, d)
-    backend : {"auto", "numpy", "keops"}
+    backend : {"auto", "numpy", "keops", "triton"}
 
     Returns
     -------

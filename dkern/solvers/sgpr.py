@@ -122,7 +122,7 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
     jitter : float, default=1e-6
         Added to K_uu's diagonal, relative to the mean of ``k(z, z)``, so its
         Cholesky factor exists when centres nearly coincide.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the whitened blocks ``k(x, Z) L⁻ᵀ`` are computed
         (:meth:`~dkern.backends.projections.ProjectionBlocks.sgpr_statistics`).
 
@@ -250,7 +250,7 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
         Noise variance > 0, added to the kernel's White noise.
     X_test : array-like of shape (n*, d)
         numpy, dask, Zarr or ``(url, path)``.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the whitened blocks ``k(x*, Z) L⁻ᵀ`` are computed.
 
     Returns
@@ -341,7 +341,7 @@ def sgpr_bound_gradient(stats: SGPRStatistics, X: Any, y: Any, sigma2: float, *,
         as a persisted dask array: numpy input is sent to the cluster on every call.
     sigma2 : float
         Noise variance > 0, added to the kernel's White noise.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         Whose ``sgpr_gradient`` blocks run (KeOps has no ∂k/∂θ form: numpy's, logged).
 
     Returns

@@ -84,7 +84,7 @@ def estimated_log_marginal_likelihood(kernel: Kernel, X: Any, y: Any, alpha: flo
     random_state : int
         Seeds the preconditioner's pivots and the probes: the same seed gives the same
         estimate, so an optimizer sees one smooth function of θ.
-    backend : {"auto", "numpy", "keops"}
+    backend : {"auto", "numpy", "keops", "triton"}
     max_iter : int, optional
 
     Returns

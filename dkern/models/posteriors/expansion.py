@@ -25,7 +25,7 @@ class KernelExpansion:
     kernel : Kernel
     X : ndarray or dask.array.Array of shape (n, d)
     weights : ndarray or dask.array.Array of shape (n,) or (n, t)
-    backend : {"auto", "numpy", "keops"}
+    backend : {"auto", "numpy", "keops", "triton"}
         How the kernel blocks of ``K(X*, X)`` are computed.
     """
 

@@ -62,7 +62,7 @@ class SparsePosterior:
         The sums of one pass over X (:func:`dkern.solvers.sgpr.sgpr_statistics`).
     alpha : float
         The noise variance s > 0.
-    backend : {"auto", "numpy", "keops"}, default="auto"
+    backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the prediction passes' whitened blocks ``k(x*, Z) L⁻ᵀ`` are computed; not part
         of :meth:`state` (the estimator that holds the posterior sets it).
     """

@@ -1,0 +1,159 @@
+"""Fused Triton block kernels: kernel values made and used in registers, never stored.
+
+One Triton program owns ``BN`` rows of x and walks z's rows ``BM`` at a time; for
+each tile it computes the kernel values from the coordinates
+(:mod:`.triton_source` writes that part for the kernel at hand) and folds them into
+the product at once, flash-attention style, so no kernel block ever reaches memory.
+float64 operands compute in float64; float32 operands compute their kernel values
+and each tile's partial sums in float32 and accumulate the tiles in float64, so a
+sum over a million columns keeps float32's relative accuracy, not loses it.
+
+Triton compiles for CUDA GPUs; with ``TRITON_INTERPRET=1`` its interpreter runs the
+same kernels on the CPU with numpy (slowly), which is how CI checks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import linecache
+import logging
+import os
+import textwrap
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..kernels import Kernel
+from .triton_source import NoTritonSource, tile_source
+
+logger = logging.getLogger(__name__)
+
+#: Tile sizes (rows × columns of one kernel tile) and warps per program on a GPU.
+#: Under the interpreter bigger tiles mean fewer Python-level steps.
+GPU_TILES = {"float32": (64, 64, 4), "float64": (64, 32, 4)}
+INTERPRETER_TILES = (128, 128, 1)
+#: The interpreter patches triton.language while a kernel runs, so two threads' launches
+#: (dask's threaded scheduler) would see each other's patches: it takes one at a time.
+_INTERPRETER_LOCK = threading.Lock()
+#: Columns of v one launch handles; wider v is done in groups (each recomputes the tile).
+MAX_COLUMNS = 64
+
+_MATVEC = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
+                  T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                  CT: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rmask = rows < n
+    tcols = tl.arange(0, TP)
+    tmask = tcols < T
+    acc = tl.zeros([BN, TP], dtype=tl.float64)
+    for start in range(0, m, BM):
+        cols = start + tl.arange(0, BM)
+        cmask = cols < m
+{tile}
+        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
+                    mask=cmask[:, None] & tmask[None, :], other=0.0).to(CT)
+        if TP == 1:
+            part = tl.sum(K * tl.reshape(V, [BM])[None, :], axis=1)[:, None]
+        else:
+            part = tl.dot(K, V, input_precision="ieee")
+        acc += part.to(tl.float64)
+    tl.store(out_ptr + rows[:, None] * T + tcols[None, :], acc,
+             mask=rmask[:, None] & tmask[None, :])
+'''
+
+
+def interpreting() -> bool:
+    """True when Triton runs its kernels on the CPU through its interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str) -> Callable[..., Any]:
+    """The ``kernel_matvec`` of this generated source, as a Triton function.
+
+    The source is registered with :mod:`linecache` under a name of its own (Triton
+    reads a kernel's source through :mod:`inspect`), so nothing is written to disk;
+    Triton caches the compiled binaries itself.
+    """
+    name = f"<dkern-triton-{hashlib.sha256(source.encode()).hexdigest()[:16]}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    namespace: dict[str, Any] = {"__name__": name}
+    exec(compile(source, name, "exec"), namespace)  # noqa: S102 - our own generated source
+    logger.debug("compiled Triton kernel %s", name)
+    return namespace["kernel_matvec"]
+
+
+def matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
+    """The Triton module computing ``kernel(x, z) @ v`` on d features, and its parameters.
+
+    Raises :class:`~dkern.backends.triton_source.NoTritonSource` when the kernel has
+    a part Triton cannot express.
+    """
+    lines, params = tile_source(kernel, d)
+    tile = textwrap.indent("\n".join(lines), " " * 8)
+    return _MATVEC.replace("{tile}", tile), params
+
+
+def _device() -> Any:
+    import torch
+
+    return torch.device("cpu" if interpreting() else "cuda")
+
+
+def _tensor(a: np.ndarray, device: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
+                        tiles: tuple[int, int, int] | None = None) -> np.ndarray:
+    """``kernel(x, z) @ v`` for x (n, d), z (m, d), v (m, t) or (m,); shape (n, t), float64.
+
+    The kernel values are computed in x's float dtype (float32 or float64) and never
+    stored. ``tiles`` overrides (BN, BM, warps), as the GPU benchmark does.
+    Raises :class:`~dkern.backends.triton_source.NoTritonSource` for a kernel Triton
+    cannot express.
+    """
+    import torch
+    import triton
+
+    dtype = np.result_type(x.dtype, z.dtype, np.float32)
+    x, z = x.astype(dtype, copy=False), z.astype(dtype, copy=False)
+    v2 = v.reshape(len(z), -1) if v.ndim == 1 else v
+    n, m, d = x.shape[0], z.shape[0], x.shape[1]
+    source, params = matvec_source(kernel, d)
+    run = _compiled(source)
+    device = _device()
+    bn, bm, warps = tiles or (INTERPRETER_TILES if interpreting() else GPU_TILES[dtype.name])
+    ct = triton.language.float32 if dtype == np.float32 else triton.language.float64
+    xt, zt = _tensor(x, device), _tensor(z, device)
+    pt = _tensor(params.astype(dtype) if len(params) else np.zeros(1, dtype), device)
+    out = np.empty((n, v2.shape[1]))
+    for lo in range(0, v2.shape[1], MAX_COLUMNS):
+        vt = _tensor(v2[:, lo:lo + MAX_COLUMNS].astype(dtype), device)
+        t = vt.shape[1]
+        tp = 1 if t == 1 else max(16, triton.next_power_of_2(t))
+        res = torch.empty((n, t), dtype=torch.float64, device=device)
+        if n and m:
+            with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+                run[(triton.cdiv(n, bn),)](xt, zt, vt, pt, res, n, m, D=d, T=t, TP=tp, BN=bn,
+                                           BM=max(bm, 16 if tp > 1 else 1), CT=ct,
+                                           num_warps=warps)
+        else:
+            res.zero_()
+        out[:, lo:lo + t] = res.cpu().numpy()
+    return out
+
+
+__all__ = ["NoTritonSource", "interpreting", "matvec_block_triton", "matvec_source"]

@@ -1,0 +1,215 @@
+"""The Triton backend's fused kernels, run on the CPU by Triton's interpreter
+(``TRITON_INTERPRET=1``, set in conftest): equal to the numpy backend's blocks for every
+kernel and composition, in float64 (1e-12) and float32 (1e-5), relative to ``|K| |v|``
+(the size of the terms summed), and through the models with a spy proving the fused
+kernels ran. Sizes stay small: the interpreter evaluates each tile with numpy.
+
+On a CUDA GPU the same kernels compile to GPU code; their speed is measured by
+``benchmarks/gram.py --gpu`` (benchmarks/RESULTS.md).
+"""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+try:
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):  # the test extra installs them: CI must not skip silently
+        raise
+    pytest.skip('needs torch and triton (pip install -e ".[test]")', allow_module_level=True)
+
+import dkern
+from dkern.backends import (
+    BackendUnavailableError,
+    block_backend,
+    keops_backend,
+    resolve_backend,
+    select,
+)
+from dkern.backends import blocks as blocks_module
+from dkern.backends.triton_source import NoTritonSource, tile_source
+from dkern.kernels import (
+    Constant,
+    DotProduct,
+    Gaussian,
+    Laplacian,
+    Linear,
+    Matern,
+    Periodic,
+    Polynomial,
+    RationalQuadratic,
+    White,
+    exp,
+    warp,
+)
+
+RNG = np.random.default_rng(11)
+X = RNG.normal(size=(150, 3))
+Z = RNG.normal(size=(130, 3))
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+KERNELS = [
+    Gaussian(1.3), Gaussian([0.5, 1.0, 2.0]), Laplacian(2.0), Matern(0.7, nu=0.5),
+    Matern(0.7, nu=1.5), Matern([0.7, 1.0, 1.4], nu=2.5), RationalQuadratic(1.1, alpha=0.7),
+    Periodic(1.0, 2.0), Linear(), DotProduct(0.5), Polynomial(3, c=1.0),
+    2.0 * Gaussian(1.0) + Constant(0.3), Gaussian(1.0) * Periodic(1.0, 3.0),
+    Gaussian(1.0) ** 3, exp(0.1 * Linear()), Gaussian(1.0) + 0.5 * White(0.1),
+]
+
+pytestmark = pytest.mark.usefixtures("sync_scheduler")
+
+
+def assert_matches_numpy(got, kernel, x, z, v, tol):
+    """``got`` equals numpy's ``k(x, z) @ v`` to ``tol`` relative to ``|k(x, z)| |v|``."""
+    dense = (kernel.without_white() or kernel)(x, z)
+    want = block_backend("numpy").kernel_matvec(x, z, v, kernel=kernel)
+    scale = np.abs(dense) @ np.abs(v)
+    assert got.dtype == np.float64 and got.shape == want.shape
+    err = np.max(np.abs(got - want) / scale)
+    assert err <= tol, f"{kernel!r}: relative error {err:.1e} > {tol:.0e}"
+
+
+def test_the_interpreter_is_what_runs_here():
+    status = select.triton_status()
+    assert status.available and "interpreter" in status.detail, status
+    assert resolve_backend("triton") == "triton"
+    assert resolve_backend("auto") != "triton"  # the interpreter is for checking, not speed
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kernel", KERNELS, ids=repr)
+def test_kernel_matvec_equals_numpy(kernel, dtype):
+    x, z = X.astype(dtype), Z.astype(dtype)
+    blocks = block_backend("triton")
+    for width in (1, 3):
+        v = RNG.normal(size=(len(z), width))
+        assert_matches_numpy(blocks.kernel_matvec(x, z, v, kernel=kernel), kernel, x, z, v,
+                             TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_normal_matvec_equals_numpy(dtype):
+    """``k(x, c)ᵀ (k(x, c) v)`` of Falkon's normal equations, as two fused products."""
+    kernel, c = Matern(0.8, nu=2.5), Z[:40].astype(dtype)
+    v = RNG.normal(size=(40, 2))
+    got = block_backend("triton").normal_matvec(X.astype(dtype), c, v, kernel=kernel)
+    want = block_backend("numpy").normal_matvec(X.astype(dtype), c, v, kernel=kernel)
+    K = np.abs(kernel(X, c))
+    np.testing.assert_array_less(np.abs(got - want), TOL[dtype] * (K.T @ (K @ np.abs(v))))
+
+
+def test_wide_v_goes_in_groups_of_columns():
+    """More right-hand sides than one launch takes (block CG, variance solves)."""
+    v = RNG.normal(size=(len(Z), 70))
+    kernel = Gaussian(0.9)
+    got = block_backend("triton").kernel_matvec(X, Z, v, kernel=kernel)
+    assert_matches_numpy(got, kernel, X, Z, v, TOL[np.float64])
+
+
+def test_empty_blocks():
+    got = block_backend("triton").kernel_matvec(X[:0], Z, np.ones((len(Z), 1)),
+                                                kernel=Gaussian(1.0))
+    assert got.shape == (0, 1)
+    got = block_backend("triton").kernel_matvec(X, Z[:0], np.ones((0, 2)), kernel=Gaussian(1.0))
+    np.testing.assert_array_equal(got, np.zeros((len(X), 2)))
+
+
+def test_a_far_row_keeps_the_digits_of_a_small_difference():
+    """Differences first, then the lengthscale: rows near 1e9 as accurate as near 0."""
+    x = np.array([[1e9 + 0.3, 0.0, 0.0]])
+    z = np.array([[1e9 + 0.1, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    got = block_backend("triton").kernel_matvec(x, z, np.ones((2, 1)), kernel=Gaussian(0.1))
+    gap = x[0, 0] - z[0, 0]  # exact in float64 (Sterbenz): 0.2 as the stored rows differ
+    np.testing.assert_allclose(got, [[np.exp(-0.5 * (gap / 0.1) ** 2)]], rtol=1e-12)
+
+
+def _row_norm(rows):
+    return np.sqrt(1.0 + np.square(rows).sum(axis=1))
+
+
+def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeypatch):
+    monkeypatch.setattr(keops_backend, "_logged", set())
+    kernel = warp(Gaussian(1.0), _row_norm)
+    with pytest.raises(NoTritonSource, match="Warp"):
+        tile_source(kernel, 3)
+    v = RNG.normal(size=(len(Z), 1))
+    with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
+        got = block_backend("triton").kernel_matvec(X, Z, v, kernel=kernel)
+    assert "backend='triton': kernel products run with numpy: Warp has no Triton form" \
+        in caplog.text
+    assert_matches_numpy(got, kernel, X, Z, v, 1e-15)
+
+
+def test_white_noise_alone_has_no_blocks():
+    with pytest.raises(NoTritonSource, match="white noise only"):
+        tile_source(White(0.1), 3)
+
+
+@pytest.fixture
+def triton_calls(monkeypatch):
+    """The calls of the fused product from the block backend (a spy around the real one)."""
+    calls = []
+    real = blocks_module.matvec_block_triton
+
+    def spy(kernel, x, z, v):
+        calls.append(v.shape)
+        return real(kernel, x, z, v)
+
+    monkeypatch.setattr(blocks_module, "matvec_block_triton", spy)
+    return calls
+
+
+def test_kernel_ridge_cg_runs_through_triton(triton_calls):
+    """CG's matvecs and the prediction through the fused kernels: numpy's answer."""
+    x, y = X[:120], np.sin(2 * X[:120, 0])
+    params = dict(alpha=0.5, solver="cg", tol=1e-12, random_state=0)
+    model = dkern.KernelRidge(Gaussian(0.9), backend="triton", **params).fit(x, y)
+    assert len(triton_calls) > 0
+    want = dkern.KernelRidge(Gaussian(0.9), backend="numpy", **params).fit(x, y)
+    scale = np.abs(want.dual_coef_).max()
+    np.testing.assert_allclose(model.dual_coef_, want.dual_coef_, rtol=0, atol=1e-9 * scale)
+    np.testing.assert_allclose(model.predict(Z), want.predict(Z), rtol=0, atol=1e-9)
+
+
+def test_falkon_runs_through_triton(triton_calls):
+    """Falkon's normal-equation products as fused products: numpy's answer."""
+    x, y = X, np.cos(X[:, 1])
+    params = dict(alpha=0.1, solver="nystrom", n_centers=20, tol=1e-10, random_state=0)
+    model = dkern.KernelRidge(Gaussian(0.9), backend="triton", **params).fit(x, y)
+    assert len(triton_calls) > 0
+    want = dkern.KernelRidge(Gaussian(0.9), backend="numpy", **params).fit(x, y)
+    np.testing.assert_allclose(model.predict(Z), want.predict(Z), rtol=0, atol=1e-8)
+
+
+@pytest.fixture
+def triton_recheck(monkeypatch):
+    """A fresh triton_status for this test, and again for the tests after it."""
+    select.triton_status.cache_clear()
+    yield monkeypatch
+    select.triton_status.cache_clear()
+
+
+def test_missing_packages_make_triton_unavailable_with_the_fix(triton_recheck):
+    real = select.importlib.util.find_spec
+    triton_recheck.setattr(select.importlib.util, "find_spec",
+                           lambda name: None if name == "triton" else real(name))
+    status = select.triton_status()
+    assert not status.available
+    assert status.detail == 'triton not installed: pip install "dkern[gpu]"'
+    assert [s.name for s in select.backend_statuses()] == ["numpy", "keops", "triton"]
+    with pytest.raises(BackendUnavailableError, match="backend='triton' was requested but "
+                       "Triton cannot run here .triton not installed"):
+        resolve_backend("triton")
+
+
+def test_without_a_gpu_or_the_interpreter_triton_says_so(triton_recheck):
+    triton_recheck.setenv("TRITON_INTERPRET", "0")
+    triton_recheck.setattr(select.ctypes.util, "find_library", lambda name: None)
+    status = select.triton_status()
+    assert not status.available
+    assert status.detail.startswith("no CUDA driver (libcuda) on this machine")
+    assert resolve_backend("auto") == "numpy"
