@@ -102,6 +102,31 @@ def test_normal_matvec_equals_numpy(dtype):
     np.testing.assert_array_less(np.abs(got - want), TOL[dtype] * (K.T @ (K @ np.abs(v))))
 
 
+@pytest.mark.parametrize("kernel", [Gaussian(0.7), Gaussian([0.5, 1.0, 2.0])], ids=repr)
+def test_gaussian_log_sums_equal_numpy_also_far_from_the_data(kernel):
+    """KDE / Nadaraya–Watson sums as ``[m, s₀, s…]``: a query 40 lengthscales away keeps
+    its sums (weights of e^-800 would underflow outside the log form)."""
+    x, t = X.copy(), RNG.normal(size=(len(Z), 2))
+    x[0] += 40.0
+    for values in (None, t):
+        got = block_backend("triton").weighted_log_sums(x, Z, values, kernel=kernel, scale=1.3)
+        want = block_backend("numpy").weighted_log_sums(x, Z, values, kernel=kernel, scale=1.3)
+        assert np.isfinite(got).all() and got[0, 0] < -300
+        np.testing.assert_allclose(got[:, 0], want[:, 0], rtol=1e-12)
+        np.testing.assert_allclose(got[:, 1:], want[:, 1:], rtol=0,
+                                   atol=1e-12 * np.abs(want[:, 1:]).max())
+
+
+def test_box_smoothing_falls_back_to_numpy_logged(caplog, monkeypatch):
+    monkeypatch.setattr(keops_backend, "_logged", set())
+    with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
+        got = block_backend("triton").weighted_log_sums(X, Z, box_width=1.0)
+    assert "backend='triton': kernel smoothing sums (KernelDensity, NadarayaWatson) run " \
+        "with numpy: the box kernel's log weights are 0 or -inf (no fused log form)" in caplog.text
+    np.testing.assert_array_equal(got, block_backend("numpy").weighted_log_sums(
+        X, Z, box_width=1.0))
+
+
 def test_wide_v_goes_in_groups_of_columns():
     """More right-hand sides than one launch takes (block CG, variance solves)."""
     v = RNG.normal(size=(len(Z), 70))
@@ -173,6 +198,17 @@ def test_kernel_ridge_cg_runs_through_triton(triton_calls):
     scale = np.abs(want.dual_coef_).max()
     np.testing.assert_allclose(model.dual_coef_, want.dual_coef_, rtol=0, atol=1e-9 * scale)
     np.testing.assert_allclose(model.predict(Z), want.predict(Z), rtol=0, atol=1e-9)
+
+
+def test_kernel_density_runs_through_triton(monkeypatch):
+    calls = []
+    real = blocks_module.log_sums_block_triton
+    monkeypatch.setattr(blocks_module, "log_sums_block_triton",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = dkern.KernelDensity(bandwidth=0.6, backend="triton").fit(X).score_samples(Z)
+    assert calls
+    want = dkern.KernelDensity(bandwidth=0.6, backend="numpy").fit(X).score_samples(Z)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_falkon_runs_through_triton(triton_calls):

@@ -56,7 +56,7 @@ from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from .projections import Factor, KeopsProjections, ProjectionBlocks
 from .smoothing import weighted_log_sums_block
-from .triton_backend import NoTritonSource, matvec_block_triton
+from .triton_backend import NoTritonSource, log_sums_block_triton, matvec_block_triton
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "TritonBlocks", "block_backend"]
 
@@ -217,9 +217,10 @@ class KeopsBlocks(KeopsProjections, NumpyBlocks):
         return nearest_block_keops(x, z, limit, index, k=k)
 
 class TritonBlocks(NumpyBlocks):
-    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs);
-    the other block functions as numpy's, and so is a kernel Triton cannot express
-    (:mod:`.triton_source`), each logged once per process.
+    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs) and
+    a Gaussian's smoothing sums (an online log-sum-exp); the other block functions as
+    numpy's, and so is a kernel Triton cannot express (:mod:`.triton_source`) and a
+    smoothing kernel without a log form, each logged once per process.
     """
 
     name = "triton"
@@ -238,6 +239,17 @@ class TritonBlocks(NumpyBlocks):
         # k(c, x) = k(x, c)ᵀ: the kernels are symmetric, so two fused products make it
         inner = self.kernel_matvec(x, c, v, kernel=kernel)
         return self.kernel_matvec(c, x, inner, kernel=kernel)
+
+    def weighted_log_sums(self, x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
+                          kernel: Kernel | None = None, box_width: float | None = None,
+                          scale: float = 1.0) -> np.ndarray:
+        reason = keops_log_form_missing(kernel, box_width)  # the same one form: a Gaussian
+        if reason is None:
+            return log_sums_block_triton(x, z, t, kernel=kernel, scale=scale)
+        log_fallback_once("kernel smoothing sums (KernelDensity, NadarayaWatson)",
+                          reason.replace("KeOps", "fused"), backend="triton")
+        return super().weighted_log_sums(x, z, t, kernel=kernel, box_width=box_width,
+                                         scale=scale)
 
 
 _BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks(),

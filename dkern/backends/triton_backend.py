@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import Kernel
+from ..kernels import Gaussian, Kernel
 from .triton_source import NoTritonSource, tile_source
 
 logger = logging.getLogger(__name__)
@@ -72,25 +72,61 @@ def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
 '''
 
 
+_GAUSSIAN_LOG_SUMS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gaussian_log_sums(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
+                      T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rmask = rows < n
+    tcols = tl.arange(0, TP)
+    tmask = tcols < T
+    top = tl.full([BN], float("-inf"), dtype=tl.float64)
+    sums = tl.zeros([BN, TP], dtype=tl.float64)
+    for start in range(0, m, BM):
+        cols = start + tl.arange(0, BM)
+        cmask = cols < m
+        L = tl.zeros([BN, BM], dtype=tl.float64)
+        for k in tl.static_range(D):
+            xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0)
+            zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0)
+            diff = xk[:, None] - zk[None, :]
+            L += diff * diff * tl.load(p_ptr + k)
+        L = tl.where(cmask[None, :], -0.5 * L, float("-inf"))
+        new_top = tl.maximum(top, tl.max(L, axis=1))
+        W = tl.exp(L - new_top[:, None])
+        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
+                    mask=cmask[:, None] & tmask[None, :], other=0.0)
+        sums = sums * tl.exp(top - new_top)[:, None] + tl.dot(W, V, input_precision="ieee")
+        top = new_top
+    tl.store(out_ptr + rows * (T + 1), top, mask=rmask)
+    tl.store(out_ptr + rows[:, None] * (T + 1) + 1 + tcols[None, :], sums,
+             mask=rmask[:, None] & tmask[None, :])
+'''
+
+
 def interpreting() -> bool:
     """True when Triton runs its kernels on the CPU through its interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(source: str) -> Callable[..., Any]:
-    """The ``kernel_matvec`` of this generated source, as a Triton function.
+def _compiled(source: str, name: str = "kernel_matvec") -> Callable[..., Any]:
+    """The function ``name`` of this generated source, as a Triton function.
 
     The source is registered with :mod:`linecache` under a name of its own (Triton
     reads a kernel's source through :mod:`inspect`), so nothing is written to disk;
     Triton caches the compiled binaries itself.
     """
-    name = f"<dkern-triton-{hashlib.sha256(source.encode()).hexdigest()[:16]}>"
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    namespace: dict[str, Any] = {"__name__": name}
-    exec(compile(source, name, "exec"), namespace)  # noqa: S102 - our own generated source
-    logger.debug("compiled Triton kernel %s", name)
-    return namespace["kernel_matvec"]
+    file = f"<dkern-triton-{hashlib.sha256(source.encode()).hexdigest()[:16]}>"
+    linecache.cache[file] = (len(source), None, source.splitlines(True), file)
+    namespace: dict[str, Any] = {"__name__": file}
+    exec(compile(source, file, "exec"), namespace)  # noqa: S102 - our own generated source
+    logger.debug("compiled Triton kernel %s %s", name, file)
+    return namespace[name]
 
 
 def matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
@@ -156,4 +192,52 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
     return out
 
 
-__all__ = ["NoTritonSource", "interpreting", "matvec_block_triton", "matvec_source"]
+def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
+                          kernel: Gaussian, scale: float = 1.0) -> np.ndarray:
+    """``[m, s₀, s₁ … s_T]`` of the Gaussian weights ``k(x/scale, z/scale)`` per row of x,
+    as :func:`dkern.backends.smoothing.weighted_log_sums_block`, in float64.
+
+    One pass over z keeps a running maximum of the log weights per row and rescales its
+    sums whenever the maximum grows (an online log-sum-exp): no weight underflows
+    however far a query lies from the data.
+
+    Parameters
+    ----------
+    x : ndarray of shape (n, d)
+    z : ndarray of shape (m, d)
+    t : ndarray of shape (m, T), optional
+    kernel : Gaussian
+        Exactly a dkern Gaussian; its lengthscale ℓ (scalar or per feature) times
+        ``scale`` is the width.
+    scale : float, default=1.0
+
+    Returns
+    -------
+    ndarray of shape (n, 2 + T), float64
+    """
+    import torch
+    import triton
+
+    x, z = np.ascontiguousarray(x, np.float64), np.ascontiguousarray(z, np.float64)
+    ones = np.ones((len(z), 1))
+    values = ones if t is None else np.hstack([ones, np.asarray(t, dtype=np.float64)])
+    width = np.broadcast_to(np.asarray(kernel.lengthscale, dtype=np.float64) * scale,
+                            (x.shape[1],))
+    n, m, d, cols = len(x), len(z), x.shape[1], values.shape[1]
+    if n == 0 or m == 0:  # the empty sum
+        return np.tile(np.array([-np.inf] + [0.0] * cols), (n, 1))
+    device = _device()
+    run = _compiled(_GAUSSIAN_LOG_SUMS, "gaussian_log_sums")
+    res = torch.empty((n, 1 + cols), dtype=torch.float64, device=device)
+    bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
+    with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+        run[(triton.cdiv(n, bn),)](_tensor(x, device), _tensor(z, device),
+                                   _tensor(values, device), _tensor(1.0 / width**2, device),
+                                   res, n, m, D=d, T=cols,
+                                   TP=max(16, triton.next_power_of_2(cols)), BN=bn,
+                                   BM=max(bm, 16), num_warps=warps)
+    return res.cpu().numpy()
+
+
+__all__ = ["NoTritonSource", "interpreting", "log_sums_block_triton", "matvec_block_triton",
+           "matvec_source"]
