@@ -8,6 +8,7 @@ On a CUDA GPU the same kernels compile to GPU code; their speed is measured by
 ``benchmarks/gram.py --gpu`` (benchmarks/RESULTS.md).
 """
 
+import ast
 import logging
 import os
 
@@ -31,6 +32,7 @@ from dkern.backends import (
     select,
 )
 from dkern.backends import blocks as blocks_module
+from dkern.backends.triton_backend import matvec_source
 from dkern.backends.triton_source import NoTritonSource, tile_source
 from dkern.kernels import (
     Constant,
@@ -125,6 +127,20 @@ def test_box_smoothing_falls_back_to_numpy_logged(caplog, monkeypatch):
         "with numpy: the box kernel's log weights are 0 or -inf (no fused log form)" in caplog.text
     np.testing.assert_array_equal(got, block_backend("numpy").weighted_log_sums(
         X, Z, box_width=1.0))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=repr)
+def test_generated_sources_name_only_what_triton_knows(kernel):
+    """The interpreter runs the source as Python, where a stray name (numpy 2's
+    ``np.float64(…)`` repr, seen on an H100) still resolves; Triton's compiler does not.
+    Every name the kernel reads is a parameter, a local, or ``tl``/``range``/``float``."""
+    tree = ast.parse(matvec_source(kernel, 3)[0])
+    fn = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+    given = {a.arg for a in fn.args.args} | {"tl", "range", "float"}
+    names = [n for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name)]
+    bound = {n.id for n in names if isinstance(n.ctx, ast.Store)}
+    read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+    assert read - given - bound == set()
 
 
 def test_wide_v_goes_in_groups_of_columns():

@@ -32,9 +32,10 @@ from .triton_source import NoTritonSource, tile_source
 
 logger = logging.getLogger(__name__)
 
-#: Tile sizes (rows × columns of one kernel tile) and warps per program on a GPU.
-#: Under the interpreter bigger tiles mean fewer Python-level steps.
-GPU_TILES = {"float32": (64, 64, 4), "float64": (64, 32, 4)}
+#: Tile sizes (rows × columns of one kernel tile) and warps per program on a GPU: the
+#: fastest of benchmarks/gram.py's sweep on an H100 (RESULTS.md). Under the interpreter
+#: bigger tiles mean fewer Python-level steps.
+GPU_TILES = {"float32": (128, 64, 4), "float64": (128, 64, 4)}
 INTERPRETER_TILES = (128, 128, 1)
 #: The interpreter patches triton.language while a kernel runs, so two threads' launches
 #: (dask's threaded scheduler) would see each other's patches: it takes one at a time.

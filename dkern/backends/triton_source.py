@@ -104,7 +104,8 @@ def _matern(k: Stationary, src: TileSource, d: int) -> str:
     r = src.let(f"tl.sqrt({_scaled_sqdist(k, src, d)})")
     if nu == 0.5:
         return f"tl.exp(-{r})"
-    a = src.let(f"{np.sqrt(3.0 if nu == 1.5 else 5.0)!r} * {r}")
+    # a plain float's repr: numpy 2 writes its scalars as np.float64(…), unknown to Triton
+    a = src.let(f"{float(np.sqrt(3.0 if nu == 1.5 else 5.0))!r} * {r}")
     poly = f"(1.0 + {a})" if nu == 1.5 else f"(1.0 + {a} + {a} * {a} / 3.0)"
     return f"({poly} * tl.exp(-{a}))"
 
