@@ -8,6 +8,7 @@ neighbours at equal distance, exactly, so ties to the lower index are tested for
 """
 
 import logging
+import sys
 
 import dask.array as da
 import numpy as np
@@ -40,6 +41,29 @@ def test_a_segfaulting_keops_is_reported_not_fatal(monkeypatch, fresh_status):
     monkeypatch.setattr(select, "_KEOPS_CHECK", crash)
     status = select.keops_status()
     assert not status.available and "crashed (signal 11)" in status.detail
+
+
+def test_a_crash_that_a_preload_avoids_names_the_preload(monkeypatch, fresh_status, tmp_path):
+    """The H100 / CUDA 13 case: the check crashes unless the pip package's libnvrtc is
+    preloaded; the reason then says what to export."""
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    for name in ("libnvrtc.so.13", "libnvrtc-builtins.so.13.0"):
+        (lib / name).write_bytes(b"")  # the loader refuses and ignores them: only names count
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)  # found anew, on sys.path
+    preload = select.nvrtc_preload()
+    assert preload == f"{lib / 'libnvrtc-builtins.so.13.0'}:{lib / 'libnvrtc.so.13'}"
+    monkeypatch.setattr(select, "_KEOPS_CHECK", (
+        "import os, signal\n"
+        "if 'libnvrtc.so.13' not in os.environ.get('LD_PRELOAD', ''):\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "print('2.3')"))
+    status = select.keops_status()
+    assert not status.available
+    assert status.detail.startswith(f"KeOps check compile crashed (signal 11), and ran with "
+                                    f"LD_PRELOAD={preload} ")
+    assert status.detail.endswith("export that before starting Python and the workers")
 
 
 def test_a_failing_keops_check_names_the_error(monkeypatch, fresh_status):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import functools
+import glob
 import importlib.util
 import logging
 import os
@@ -57,13 +58,20 @@ def keops_status() -> BackendStatus:
     """Compile and run a tiny KeOps reduction in a child process and check its result.
 
     Cached per process: the first call may compile (~10 s), later ones are free.
-    A crash or a wrong result makes KeOps unavailable, with the reason.
+    A crash or a wrong result makes KeOps unavailable, with the reason. A crash is
+    retried once with the pip package's libnvrtc preloaded (:func:`nvrtc_preload`):
+    if that runs, the reason names the ``LD_PRELOAD`` to set before Python starts.
     """
-    try:
-        done = subprocess.run([sys.executable, "-c", _KEOPS_CHECK], capture_output=True,
-                              text=True, timeout=KEOPS_CHECK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return BackendStatus("keops", False, f"check compile took over {KEOPS_CHECK_TIMEOUT_S} s")
+    done = _run_keops_check()
+    if isinstance(done, str):
+        return BackendStatus("keops", False, done)
+    if done.returncode < 0 and (preload := nvrtc_preload()):
+        retried = _run_keops_check(preload)
+        if not isinstance(retried, str) and retried.returncode == 0:
+            return BackendStatus("keops", False, (
+                f"KeOps check compile crashed (signal {-done.returncode}), and ran with "
+                f"LD_PRELOAD={preload} (this process maps two libnvrtc builds; see "
+                "benchmarks/RESULTS.md): export that before starting Python and the workers"))
     if done.returncode != 0:
         how = (f"crashed (signal {-done.returncode})" if done.returncode < 0
                else f"failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -72,6 +80,38 @@ def keops_status() -> BackendStatus:
     # The version is the check's last line; a user's PYKEOPS_VERBOSE=1 adds compile lines before it.
     version = (done.stdout.strip().splitlines() or ["?"])[-1]
     return BackendStatus("keops", True, f"pykeops {version}, compiled and ran on {device}")
+
+
+def _run_keops_check(preload: str | None = None) -> subprocess.CompletedProcess | str:
+    """The KeOps check in a child process (with ``preload`` prepended to LD_PRELOAD), or
+    why it did not finish."""
+    env = None
+    if preload:
+        env = {**os.environ, "LD_PRELOAD": ":".join(
+            p for p in (preload, os.environ.get("LD_PRELOAD")) if p)}
+    try:
+        return subprocess.run([sys.executable, "-c", _KEOPS_CHECK], capture_output=True,
+                              text=True, timeout=KEOPS_CHECK_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return f"check compile took over {KEOPS_CHECK_TIMEOUT_S} s"
+
+
+def nvrtc_preload() -> str | None:
+    """``libnvrtc-builtins:libnvrtc`` of the pip package ``nvidia-cuda-nvrtc``, if installed.
+
+    Seen on an H100 with CUDA 13 (benchmarks/RESULTS.md): a process that mapped both the
+    CUDA toolkit's libnvrtc.so.13, which keopscore finds, and this package's, which was
+    loaded there as well, crashed in KeOps' first compile; preloading this one (and its
+    builtins, which it does not find by itself) avoided it.
+    """
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for lib in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.*"))):
+            builtins = sorted(glob.glob(os.path.join(os.path.dirname(lib),
+                                                     "libnvrtc-builtins.so.*")))
+            if builtins:
+                return f"{builtins[0]}:{lib}"
+    return None
 
 
 @functools.lru_cache(maxsize=1)
