@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dask
@@ -21,6 +21,7 @@ from .._closing import settle
 from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
 from .checks import SAFE_DESERIALIZERS, ClusterVersionError
 from .config import WORKER_CONFIG, worker_config
+from .gpus import GpuLocalCluster, gpu_ids
 from .probe import NotASchedulerError, probe_scheduler
 from .watch import PauseWatch, WorkersPausedWarning
 
@@ -41,7 +42,7 @@ _SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
 
 def connect(address: str | None = None, *, check_versions: bool = True,
             trusted_results: bool = False, watch_pauses: bool = True,
-            **kwargs: Any) -> Client:
+            gpus: bool | int | Sequence[int] | None = None, **kwargs: Any) -> Client:
     """A ``distributed.Client`` for dkern's work.
 
     Parameters
@@ -63,6 +64,12 @@ def connect(address: str | None = None, *, check_versions: bool = True,
     watch_pauses : bool, default True
         Warn (logging WARNING and a ``WorkersPausedWarning``) within about two seconds
         when workers pause for memory, naming them, their memory and their limit.
+    gpus : True, int or sequence of int, optional
+        The embedded cluster gets one worker per GPU instead of one per core, each seeing
+        only its own GPU (``CUDA_VISIBLE_DEVICES``) with 2 threads
+        (:class:`~dkern.runtime.gpus.GpuLocalCluster`): ``True`` for every GPU
+        ``nvidia-smi`` lists, a number for GPUs 0 … n-1, or the indices. A remote
+        cluster's GPU workers are started by ``cluster/start-workers.sh``.
     **kwargs
         Passed to ``LocalCluster`` (e.g. ``n_workers``, ``memory_limit``) for the
         embedded cluster, or to ``Client`` for a remote scheduler.
@@ -90,7 +97,11 @@ def connect(address: str | None = None, *, check_versions: bool = True,
     """
     address = address or os.environ.get(SCHEDULER_ENV) or None
     deserializers = None if trusted_results else SAFE_DESERIALIZERS
-    client = _embedded(deserializers, kwargs) if address is None else \
+    if gpus is not None and address is not None:
+        raise ValueError(f"gpus= starts the embedded cluster's workers, but connect() was given "
+                         f"the scheduler {address}; start that cluster's GPU workers with "
+                         "cluster/start-workers.sh (one per GPU), and leave gpus out here.")
+    client = _embedded(deserializers, kwargs, gpus) if address is None else \
         _remote(address, deserializers, kwargs)
     try:
         if check_versions:
@@ -141,10 +152,17 @@ def _register_scalar_family(client: Client) -> None:
             "install the same dkern on the scheduler and workers as on this client") from error
 
 
-def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client:
-    """A LocalCluster with dkern's worker settings, on loopback, and its client."""
-    kwargs.setdefault("n_workers", os.cpu_count() or 1)
-    kwargs.setdefault("threads_per_worker", 1)
+def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
+              gpus: bool | int | Sequence[int] | None = None) -> Client:
+    """A LocalCluster with dkern's worker settings, on loopback, and its client: one
+    worker per core, or per GPU."""
+    devices = None if gpus is None else gpu_ids(gpus)
+    if devices is not None and "n_workers" in kwargs:
+        raise ValueError(f"connect() got gpus={gpus!r} and n_workers={kwargs['n_workers']}: "
+                         "with gpus there is one worker per GPU; give one of the two.")
+    if devices is None:
+        kwargs.setdefault("n_workers", os.cpu_count() or 1)
+        kwargs.setdefault("threads_per_worker", 1)
     # Loopback only: a scheduler runs any code its clients send, and the dashboard has no
     # authentication; neither should be reachable from the network by default.
     kwargs.setdefault("host", "127.0.0.1")
@@ -152,9 +170,15 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any]) -> Client
     # Read by each nanny when it is created (and reused if it restarts its worker).
     settings = worker_config()
     with dask.config.set(settings), _spawn_environ(settings):
-        cluster = LocalCluster(**kwargs)
+        cluster = LocalCluster(**kwargs) if devices is None else \
+            GpuLocalCluster(devices, **kwargs)
     try:
-        return DkernClient(cluster, deserializers=deserializers)
+        client = DkernClient(cluster, deserializers=deserializers)
+        if devices is not None:
+            client.wait_for_workers(len(devices))
+            logger.info("embedded cluster: one worker per GPU (%s)",
+                        ", ".join(map(str, devices)))
+        return client
     except Exception:
         cluster.close()
         raise

@@ -1,0 +1,62 @@
+"""``connect(gpus=…)``: one worker per GPU, each seeing only its own through
+``CUDA_VISIBLE_DEVICES`` (checked here without a GPU: the variable is what CUDA reads)."""
+
+import os
+
+import pytest
+
+import dkern
+from dkern.runtime import gpus as gpus_module
+from dkern.runtime.gpus import gpu_ids
+
+
+def _visible_device():
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@pytest.mark.distributed
+def test_one_worker_per_gpu_each_seeing_its_own_also_after_a_restart():
+    with dkern.connect(gpus=[0, 3]) as client:
+        workers = client.scheduler_info()["workers"]
+        assert sorted((w["name"], w["nthreads"]) for w in workers.values()) == \
+            [("gpu0", 2), ("gpu3", 2)]
+        names = {address: w["name"] for address, w in workers.items()}
+        seen = client.run(_visible_device)
+        assert {names[address]: device for address, device in seen.items()} == \
+            {"gpu0": "0", "gpu3": "3"}
+        client.restart()
+        assert sorted(client.run(_visible_device).values()) == ["0", "3"]
+    assert _visible_device() is None  # the client's own process is left as it was
+
+
+@pytest.mark.parametrize("gpus, want", [(2, [0, 1]), ([2, 0], [2, 0]), ((1,), [1])])
+def test_gpu_ids_takes_a_count_or_indices(gpus, want):
+    assert gpu_ids(gpus) == want
+
+
+@pytest.mark.parametrize("gpus, says", [
+    (0, "gpus must be at least 1"), ([1, 1], "lists a GPU twice"), ("0", "got '0'"),
+    ([], "got []"), ([-1], "got [-1]"), ([True], "got [True]"), (False, "got False"),
+    (1.5, "got 1.5"),
+])
+def test_bad_gpus_are_refused_naming_the_argument(gpus, says):
+    with pytest.raises(ValueError, match="gpus") as error:
+        gpu_ids(gpus)
+    assert says in str(error.value)
+
+
+def test_gpus_true_counts_what_nvidia_smi_lists(monkeypatch):
+    monkeypatch.setattr(gpus_module, "visible_gpus", lambda: 2)
+    assert gpu_ids(True) == [0, 1]
+    monkeypatch.setattr(gpus_module, "visible_gpus", lambda: 0)
+    with pytest.raises(ValueError, match="gpus=True asks for one worker per GPU, but "
+                                         "nvidia-smi lists no CUDA GPU here"):
+        gpu_ids(True)
+
+
+def test_gpus_with_a_remote_scheduler_or_n_workers_is_refused_before_connecting():
+    with pytest.raises(ValueError, match="start that cluster's GPU workers with "
+                                         "cluster/start-workers.sh"):
+        dkern.connect("tcp://127.0.0.1:1", gpus=1)
+    with pytest.raises(ValueError, match="with gpus there is one worker per GPU; give one"):
+        dkern.connect(gpus=1, n_workers=2)
