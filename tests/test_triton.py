@@ -185,6 +185,18 @@ def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeyp
     assert_matches_numpy(got, kernel, X, Z, v, 1e-15)
 
 
+def test_passes_without_a_fused_kernel_run_numpy_logged(caplog, monkeypatch):
+    monkeypatch.setattr(keops_backend, "_logged", set())
+    limit, index = np.full((len(X), 1), np.inf), np.arange(len(Z))[:, None]
+    with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
+        got = block_backend("triton").nearest(X, Z, limit, index, k=3)
+    want = block_backend("numpy").nearest(X, Z, limit, index, k=3)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert "backend='triton': k nearest neighbours run with numpy: no fused Triton kernel " \
+        "computes it yet" in caplog.text
+
+
 def test_white_noise_alone_has_no_blocks():
     with pytest.raises(NoTritonSource, match="white noise only"):
         tile_source(White(0.1), 3)

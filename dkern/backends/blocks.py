@@ -216,14 +216,36 @@ class KeopsBlocks(KeopsProjections, NumpyBlocks):
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         return nearest_block_keops(x, z, limit, index, k=k)
 
+def _numpy_pass(method: str, what: str) -> Callable[..., object]:
+    """NumpyBlocks' ``method`` for the Triton backend, logged once per process as run
+    with numpy (no fused Triton kernel computes that pass yet)."""
+    def numpy_pass(self: NumpyBlocks, *args: object, **kwargs: object) -> object:
+        log_fallback_once(what, "no fused Triton kernel computes it yet", backend="triton")
+        return getattr(NumpyBlocks, method)(self, *args, **kwargs)
+
+    numpy_pass.__name__ = method
+    numpy_pass.__doc__ = f"numpy's ``{method}`` ({what}), logged once."
+    return numpy_pass
+
+
 class TritonBlocks(NumpyBlocks):
     """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs) and
-    a Gaussian's smoothing sums (an online log-sum-exp); the other block functions as
-    numpy's, and so is a kernel Triton cannot express (:mod:`.triton_source`) and a
-    smoothing kernel without a log form, each logged once per process.
+    a Gaussian's smoothing sums (an online log-sum-exp). The other passes are numpy's, and
+    so is a kernel Triton cannot express (:mod:`.triton_source`) and a smoothing kernel
+    without a log form, each logged once per process; dense blocks and diagonals are
+    numpy's by design, as under KeOps.
     """
 
     name = "triton"
+    nearest = _numpy_pass("nearest", "k nearest neighbours")
+    whitened_cross = _numpy_pass("whitened_cross", "whitened cross blocks (sparse GP)")
+    whitened_residual_diag = _numpy_pass("whitened_residual_diag",
+                                         "residual diagonals (sparse GP variances)")
+    leverage = _numpy_pass("leverage", "ridge leverage scores")
+    sgpr_statistics = _numpy_pass("sgpr_statistics", "sparse GP statistics")
+    sgpr_predict = _numpy_pass("sgpr_predict", "sparse GP predictions")
+    sgpr_gradient = _numpy_pass("sgpr_gradient", "sparse GP bound gradients")
+    kernel_grad_matvec = _numpy_pass("kernel_grad_matvec", "kernel derivative products")
 
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
