@@ -187,14 +187,42 @@ def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeyp
 
 def test_passes_without_a_fused_kernel_run_numpy_logged(caplog, monkeypatch):
     monkeypatch.setattr(keops_backend, "_logged", set())
-    limit, index = np.full((len(X), 1), np.inf), np.arange(len(Z))[:, None]
+    v, kernel = RNG.normal(size=(len(Z), 2)), Gaussian(0.9)
     with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
-        got = block_backend("triton").nearest(X, Z, limit, index, k=3)
-    want = block_backend("numpy").nearest(X, Z, limit, index, k=3)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w)
-    assert "backend='triton': k nearest neighbours run with numpy: no fused Triton kernel " \
-        "computes it yet" in caplog.text
+        got = block_backend("triton").kernel_grad_matvec(X, Z, v, kernel=kernel)
+    np.testing.assert_array_equal(
+        got, block_backend("numpy").kernel_grad_matvec(X, Z, v, kernel=kernel))
+    assert "backend='triton': kernel derivative products run with numpy: no fused Triton " \
+        "kernel computes it yet" in caplog.text
+
+
+@pytest.mark.parametrize("k", [1, 5, 12])
+def test_nearest_equals_numpy_with_ties_and_a_limit(k):
+    """Exact distances and indices; of rows at equal distance the lower index first; slots
+    no row within the limit fills stay (inf, PAD_INDEX)."""
+    x, z = X[:100].copy(), Z.copy()
+    z[7] = z[3]  # a tie: the same row twice, and a query exactly on it
+    x[5] = z[3]
+    index = (np.arange(len(z)) + 1000)[:, None]
+    for limit in (np.inf, 0.5):
+        bound = np.full((len(x), 1), limit)
+        got = block_backend("triton").nearest(x, z, bound, index, k=k)
+        want = block_backend("numpy").nearest(x, z, bound, index, k=k)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+    assert list(got[1][5][:2]) == [1003, 1007][:k]
+
+
+def test_k_neighbors_runs_through_triton(monkeypatch):
+    calls = []
+    real = blocks_module.nearest_block_triton
+    monkeypatch.setattr(blocks_module, "nearest_block_triton",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    y = np.sin(X[:, 0])
+    got = dkern.KNeighborsRegressor(n_neighbors=4, backend="triton").fit(X, y).predict(Z)
+    assert calls
+    want = dkern.KNeighborsRegressor(n_neighbors=4, backend="numpy").fit(X, y).predict(Z)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_white_noise_alone_has_no_blocks():

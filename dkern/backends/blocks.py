@@ -56,7 +56,12 @@ from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
 from .projections import Factor, KeopsProjections, ProjectionBlocks
 from .smoothing import weighted_log_sums_block
-from .triton_backend import NoTritonSource, log_sums_block_triton, matvec_block_triton
+from .triton_backend import (
+    NoTritonSource,
+    log_sums_block_triton,
+    matvec_block_triton,
+    nearest_block_triton,
+)
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "TritonBlocks", "block_backend"]
 
@@ -229,15 +234,15 @@ def _numpy_pass(method: str, what: str) -> Callable[..., object]:
 
 
 class TritonBlocks(NumpyBlocks):
-    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs) and
-    a Gaussian's smoothing sums (an online log-sum-exp). The other passes are numpy's, and
+    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs), a
+    Gaussian's smoothing sums (an online log-sum-exp) and the k nearest neighbours (a
+    running top-k in registers). The other passes are numpy's, and
     so is a kernel Triton cannot express (:mod:`.triton_source`) and a smoothing kernel
     without a log form, each logged once per process; dense blocks and diagonals are
     numpy's by design, as under KeOps.
     """
 
     name = "triton"
-    nearest = _numpy_pass("nearest", "k nearest neighbours")
     whitened_cross = _numpy_pass("whitened_cross", "whitened cross blocks (sparse GP)")
     whitened_residual_diag = _numpy_pass("whitened_residual_diag",
                                          "residual diagonals (sparse GP variances)")
@@ -272,6 +277,10 @@ class TritonBlocks(NumpyBlocks):
                           reason.replace("KeOps", "fused"), backend="triton")
         return super().weighted_log_sums(x, z, t, kernel=kernel, box_width=box_width,
                                          scale=scale)
+
+    def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        return nearest_block_triton(x, z, limit, index, k=k)
 
 
 _BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks(),

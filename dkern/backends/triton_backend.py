@@ -109,6 +109,57 @@ def gaussian_log_sums(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr
 '''
 
 
+_NEAREST = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def nearest(x_ptr, z_ptr, index_ptr, limit_ptr, sq_ptr, idx_ptr, n, m, D: tl.constexpr,
+            K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rmask = rows < n
+    slots = tl.arange(0, KP)
+    # slots past K hold -inf: never the worst, so never replaced, never returned
+    best = tl.where(slots[None, :] < K, float("inf"), float("-inf")) + tl.zeros([BN, KP],
+                                                                                dtype=tl.float64)
+    best_i = tl.full([BN, KP], PAD, dtype=tl.int64)
+    limit = tl.load(limit_ptr + rows, mask=rmask, other=0.0)
+    for start in range(0, m, BM):
+        cols = start + tl.arange(0, BM)
+        cmask = cols < m
+        sq = tl.zeros([BN, BM], dtype=tl.float64)
+        for k in tl.static_range(D):
+            xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0)
+            zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0)
+            diff = xk[:, None] - zk[None, :]
+            sq += diff * diff
+        sq = tl.where(cmask[None, :] & (sq <= limit[:, None]), sq, float("inf"))
+        index = tl.load(index_ptr + cols, mask=cmask, other=PAD)
+        # up to K rounds: the tile's nearest (lowest column on ties: the lowest index, as
+        # z's indices ascend) replaces the worst kept pair by (distance, index)
+        for _ in tl.static_range(K):
+            near = tl.min(sq, axis=1)
+            at = tl.argmin(sq, axis=1)
+            near_i = tl.max(tl.where(cols[None, :] == start + at[:, None], index[None, :], -1),
+                            axis=1)
+            worst = tl.max(best, axis=1)
+            worst_i = tl.max(tl.where(best == worst[:, None], best_i, -1), axis=1)
+            tied = (best == worst[:, None]) & (best_i == worst_i[:, None])
+            slot = tl.min(tl.where(tied, slots[None, :], KP), axis=1)
+            take = ((near < worst) | ((near == worst) & (near_i < worst_i))) & \
+                (near < float("inf"))
+            put = (slots[None, :] == slot[:, None]) & take[:, None]
+            best = tl.where(put, near[:, None], best)
+            best_i = tl.where(put, near_i[:, None], best_i)
+            sq = tl.where(cols[None, :] == start + at[:, None], float("inf"), sq)
+    out = rows[:, None] * K + slots[None, :]
+    keep = rmask[:, None] & (slots[None, :] < K)
+    tl.store(sq_ptr + out, best, mask=keep)
+    tl.store(idx_ptr + out, best_i, mask=keep)
+'''
+
+
 def interpreting() -> bool:
     """True when Triton runs its kernels on the CPU through its interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -240,5 +291,58 @@ def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = N
     return res.cpu().numpy()
 
 
+def nearest_block_triton(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray,
+                         *, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest rows of z to each row of x within ``limit``, by exact squared
+    distance, then index, as :func:`dkern.backends.neighbors.nearest_block`.
+
+    One pass over z keeps each query row's k best (distance, index) pairs in registers:
+    each tile offers its nearest rows one at a time, each replacing the worst kept pair
+    when it is better, so ties go to the lower index as in the numpy block.
+
+    Parameters
+    ----------
+    x : ndarray of shape (n, d)
+    z : ndarray of shape (m, d)
+    limit : ndarray of shape (n, 1)
+        Rows of z farther than this (squared) are not taken.
+    index : ndarray of shape (m, 1)
+        z's global row indices (int64), ascending.
+    k : int
+
+    Returns
+    -------
+    sq : ndarray of shape (n, k), float64
+        Ascending; ``inf`` in slots no row within ``limit`` fills.
+    index : ndarray of shape (n, k), int64
+        ``PAD_INDEX`` in those slots.
+    """
+    import torch
+    import triton
+
+    from .neighbors import PAD_INDEX
+
+    x, z = np.ascontiguousarray(x, np.float64), np.ascontiguousarray(z, np.float64)
+    n, m, d = len(x), len(z), x.shape[1]
+    sq = np.full((n, k), np.inf)
+    idx = np.full((n, k), PAD_INDEX, dtype=np.int64)
+    if n == 0 or m == 0:
+        return sq, idx
+    device = _device()
+    run = _compiled(_NEAREST.replace("PAD", str(PAD_INDEX)), "nearest")
+    sq_t = torch.empty((n, k), dtype=torch.float64, device=device)
+    idx_t = torch.empty((n, k), dtype=torch.int64, device=device)
+    bn, bm = (64, 64) if interpreting() else (32, 64)
+    with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+        run[(triton.cdiv(n, bn),)](
+            _tensor(x, device), _tensor(z, device),
+            _tensor(np.asarray(index, np.int64).reshape(-1), device),
+            _tensor(np.asarray(limit, np.float64).reshape(-1), device), sq_t, idx_t, n, m,
+            D=d, K=k, KP=triton.next_power_of_2(k), BN=bn, BM=bm, num_warps=4)
+    sq, idx = sq_t.cpu().numpy(), idx_t.cpu().numpy()
+    order = np.lexsort((idx, sq), axis=1)  # each row by (distance, index)
+    return np.take_along_axis(sq, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
 __all__ = ["NoTritonSource", "interpreting", "log_sums_block_triton", "matvec_block_triton",
-           "matvec_source"]
+           "matvec_source", "nearest_block_triton"]
