@@ -187,13 +187,58 @@ def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeyp
 
 def test_passes_without_a_fused_kernel_run_numpy_logged(caplog, monkeypatch):
     monkeypatch.setattr(keops_backend, "_logged", set())
-    v, kernel = RNG.normal(size=(len(Z), 2)), Gaussian(0.9)
+    kernel = Gaussian(0.9)
     with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
-        got = block_backend("triton").kernel_grad_matvec(X, Z, v, kernel=kernel)
-    np.testing.assert_array_equal(
-        got, block_backend("numpy").kernel_grad_matvec(X, Z, v, kernel=kernel))
-    assert "backend='triton': kernel derivative products run with numpy: no fused Triton " \
-        "kernel computes it yet" in caplog.text
+        got = block_backend("triton").kernel_columns(X, Z[:20], kernel=kernel)
+        block_backend("triton").leverage(X, Z[:20], kernel=kernel,
+                                         Linv=np.linalg.inv(np.linalg.cholesky(
+                                             kernel(Z[:20], Z[:20]) + 1e-6 * np.eye(20))),
+                                         alpha=0.1)
+    np.testing.assert_array_equal(got, block_backend("numpy").kernel_columns(
+        X, Z[:20], kernel=kernel))
+    assert "backend='triton': ridge leverage scores run with numpy: no fused Triton kernel " \
+        "computes it yet" in caplog.text
+
+
+GRAD_KERNELS = [
+    Gaussian(1.3), Gaussian([0.5, 1.0, 2.0]), Laplacian(2.0), Matern(0.7, nu=1.5),
+    Matern([0.7, 1.0, 1.4], nu=2.5), RationalQuadratic(1.1, alpha=0.7), Periodic(1.0, 2.0),
+    DotProduct(0.5), 2.0 * Gaussian(1.0) + Constant(0.3), Gaussian(1.0) * Periodic(1.0, 3.0),
+    Gaussian(1.0) ** 3, exp(0.1 * Gaussian(1.0)), Gaussian(1.0) + White(0.1),
+    Linear() + Gaussian(0.5), Gaussian(1.0, lengthscale_bounds="fixed") + Matern(1.0),
+]
+
+
+@pytest.mark.parametrize("kernel", GRAD_KERNELS, ids=repr)
+def test_kernel_grad_matvec_equals_numpy(kernel):
+    """``∂K/∂θ_j V`` for every log-hyperparameter (White's: zero in cross blocks), to 1e-12
+    relative to ``|∂K| |V|``."""
+    x, z = X[:70], Z[:60]
+    for width in (1, 3):
+        v = RNG.normal(size=(len(z), width))
+        got = block_backend("triton").kernel_grad_matvec(x, z, v, kernel=kernel)
+        want = block_backend("numpy").kernel_grad_matvec(x, z, v, kernel=kernel)
+        assert got.shape == want.shape == (len(x), width, len(kernel.theta))
+        scale = np.einsum("nmp,mt->ntp", np.abs(kernel.gradient(x, z)), np.abs(v))
+        assert np.all(np.abs(got - want) <= 1e-12 * scale)
+
+
+def test_gram_gradient_products_run_through_triton(monkeypatch):
+    """The GP-learning pass (dkern.operators.gram_gradient_products) on chunked rows."""
+    import dask.array as da
+
+    from dkern.operators.gradients import gram_gradient_products
+
+    calls = []
+    real = blocks_module.grad_matvec_block_triton
+    monkeypatch.setattr(blocks_module, "grad_matvec_block_triton",
+                        lambda *a: calls.append(1) or real(*a))
+    kernel = 1.5 * Matern([0.7, 1.0, 1.4], nu=2.5) + White(0.2)
+    Xd, V = da.from_array(X, chunks=50), da.from_array(RNG.normal(size=(len(X), 2)), chunks=50)
+    got = gram_gradient_products(kernel, Xd, V, backend="triton").compute()
+    assert len(calls) == 9  # 3 × 3 chunk pairs
+    want = gram_gradient_products(kernel, Xd, V, backend="numpy").compute()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("k", [1, 5, 12])

@@ -58,6 +58,7 @@ from .projections import Factor, KeopsProjections, ProjectionBlocks
 from .smoothing import weighted_log_sums_block
 from .triton_backend import (
     NoTritonSource,
+    grad_matvec_block_triton,
     log_sums_block_triton,
     matvec_block_triton,
     nearest_block_triton,
@@ -234,9 +235,10 @@ def _numpy_pass(method: str, what: str) -> Callable[..., object]:
 
 
 class TritonBlocks(NumpyBlocks):
-    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs), a
-    Gaussian's smoothing sums (an online log-sum-exp) and the k nearest neighbours (a
-    running top-k in registers). The other passes are numpy's, and
+    """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs), the
+    kernel derivative products ``∂K/∂θ V`` of GP learning, a Gaussian's smoothing sums (an
+    online log-sum-exp) and the k nearest neighbours (a running top-k in registers). The
+    other passes are numpy's, and
     so is a kernel Triton cannot express (:mod:`.triton_source`) and a smoothing kernel
     without a log form, each logged once per process; dense blocks and diagonals are
     numpy's by design, as under KeOps.
@@ -250,7 +252,6 @@ class TritonBlocks(NumpyBlocks):
     sgpr_statistics = _numpy_pass("sgpr_statistics", "sparse GP statistics")
     sgpr_predict = _numpy_pass("sgpr_predict", "sparse GP predictions")
     sgpr_gradient = _numpy_pass("sgpr_gradient", "sparse GP bound gradients")
-    kernel_grad_matvec = _numpy_pass("kernel_grad_matvec", "kernel derivative products")
 
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
@@ -281,6 +282,15 @@ class TritonBlocks(NumpyBlocks):
     def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         return nearest_block_triton(x, z, limit, index, k=k)
+
+    def kernel_grad_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
+                           kernel: Kernel, tile: int | None = None) -> np.ndarray:
+        try:
+            out = grad_matvec_block_triton(kernel, x, z, v)
+        except NoTritonSource as why:
+            log_fallback_once("kernel derivative products", str(why), backend="triton")
+            return super().kernel_grad_matvec(x, z, v, kernel=kernel, tile=tile)
+        return finite_values(out, kernel, x, z, v)
 
 
 _BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks(),

@@ -160,6 +160,33 @@ def nearest(x_ptr, z_ptr, index_ptr, limit_ptr, sq_ptr, idx_ptr, n, m, D: tl.con
 '''
 
 
+_GRAD_MATVEC = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel_grad_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
+                       T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                       CT: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rmask = rows < n
+    tcols = tl.arange(0, TP)
+    tmask = tcols < T
+{init}
+    for start in range(0, m, BM):
+        cols = start + tl.arange(0, BM)
+        cmask = cols < m
+{tile}
+        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
+                    mask=cmask[:, None] & tmask[None, :], other=0.0).to(CT)
+{fold}
+    where = rows[:, None] * (T * P) + tcols[None, :] * P
+    keep = rmask[:, None] & tmask[None, :]
+{store}
+'''
+
+
 def interpreting() -> bool:
     """True when Triton runs its kernels on the CPU through its interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -190,6 +217,28 @@ def matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
     lines, params = tile_source(kernel, d)
     tile = textwrap.indent("\n".join(lines), " " * 8)
     return _MATVEC.replace("{tile}", tile), params
+
+
+def grad_matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
+    """The Triton module computing ``∂kernel(x, z)/∂θ_j @ v`` for each of the p
+    log-hyperparameters on d features, one accumulator per j, and its parameters."""
+    lines, params = tile_source(kernel, d, grads=True)
+    p = kernel.n_dims
+
+    def block(template: str, indent: int) -> str:
+        return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
+            " " * indent + "pass"
+
+    fold = ("        if TP == 1:\n"
+            + block("acc{j} += tl.sum(G{j} * tl.reshape(V, [BM])[None, :], axis=1)[:, None]", 12)
+            + "\n        else:\n"
+            + block("acc{j} += tl.dot(G{j}, V, input_precision='ieee').to(tl.float64)", 12))
+    text = (_GRAD_MATVEC.replace("{tile}", textwrap.indent("\n".join(lines), " " * 8))
+            .replace("{init}", block("acc{j} = tl.zeros([BN, TP], dtype=tl.float64)", 4))
+            .replace("{fold}", fold)
+            .replace("{store}", block("tl.store(out_ptr + where + {j}, acc{j}, mask=keep)", 4))
+            .replace("T * P", f"T * {p}").replace("tcols[None, :] * P", f"tcols[None, :] * {p}"))
+    return text, params
 
 
 def _device() -> Any:
@@ -344,5 +393,51 @@ def nearest_block_triton(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index:
     return np.take_along_axis(sq, order, axis=1), np.take_along_axis(idx, order, axis=1)
 
 
-__all__ = ["NoTritonSource", "interpreting", "log_sums_block_triton", "matvec_block_triton",
-           "matvec_source", "nearest_block_triton"]
+def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
+                             v: np.ndarray) -> np.ndarray:
+    """``∂kernel(x, z)/∂θ_j @ v`` for every log-hyperparameter j (``kernel.theta``'s
+    order), as :meth:`dkern.backends.projections.ProjectionBlocks.kernel_grad_matvec`;
+    float64, the derivative tiles made in registers and never stored.
+
+    Parameters
+    ----------
+    x : ndarray of shape (n, d)
+    z : ndarray of shape (m, d)
+    v : ndarray of shape (m, t)
+
+    Returns
+    -------
+    ndarray of shape (n, t, p), float64
+
+    Raises :class:`~dkern.backends.triton_source.NoTritonSource` for a kernel Triton
+    cannot express.
+    """
+    import torch
+    import triton
+
+    x, z = np.ascontiguousarray(x, np.float64), np.ascontiguousarray(z, np.float64)
+    n, m, d, p = len(x), len(z), x.shape[1], kernel.n_dims
+    source, params = grad_matvec_source(kernel, d)
+    run = _compiled(source, "kernel_grad_matvec")
+    device = _device()
+    bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
+    pt = _tensor(params if len(params) else np.zeros(1), device)
+    xt, zt = _tensor(x, device), _tensor(z, device)
+    out = np.zeros((n, v.shape[1], p))
+    for lo in range(0, v.shape[1], MAX_COLUMNS):
+        vt = _tensor(np.asarray(v[:, lo:lo + MAX_COLUMNS], np.float64), device)
+        t = vt.shape[1]
+        tp = 1 if t == 1 else max(16, triton.next_power_of_2(t))
+        res = torch.zeros((n, t, p), dtype=torch.float64, device=device)
+        if n and m and p:
+            with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+                run[(triton.cdiv(n, bn),)](xt, zt, vt, pt, res, n, m, D=d, T=t, TP=tp, BN=bn,
+                                           BM=max(bm, 16 if tp > 1 else 1),
+                                           CT=triton.language.float64, num_warps=warps)
+        out[:, lo:lo + t] = res.cpu().numpy()
+    return out
+
+
+__all__ = ["NoTritonSource", "grad_matvec_block_triton", "grad_matvec_source", "interpreting",
+           "log_sums_block_triton", "matvec_block_triton", "matvec_source",
+           "nearest_block_triton"]

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..kernels import Kernel
 from ..kernels.algebra import Exp, Power, Product, Scaled, Sum
-from ..kernels.constant import Constant
+from ..kernels.constant import Constant, White
 from ..kernels.dot import DotProduct, Linear, Polynomial
 from ..kernels.periodic import Periodic
 from ..kernels.rational import RationalQuadratic
@@ -43,6 +43,7 @@ class TileSource:
     loop is done; ``params`` are the numbers read as ``p_ptr[i]``.
     """
 
+    grads: bool = False
     params: list[float] = field(default_factory=list)
     before: list[str] = field(default_factory=list)
     per_feature: list[str] = field(default_factory=list)
@@ -80,62 +81,111 @@ class TileSource:
         return name
 
 
-def _scaled_sqdist(k: Stationary, src: TileSource, d: int) -> str:
-    """``Σ_k ((x_k − z_k) / l_k)²``: differences first, then the lengthscale, as numpy's
-    exact path does (a far row keeps the digits of a small difference)."""
+#: A kernel's tile: the expression of its values, and of their derivatives by each of its
+#: log-hyperparameters in ``kernel.theta``'s order (empty unless ``src.grads``).
+Tile = tuple[str, list[str]]
+
+
+def _free(k: Kernel, name: str) -> bool:
+    return any(free == name for free, _, _ in k._free())
+
+
+def _scaled_sqdist(k: Stationary, src: TileSource, d: int) -> tuple[str, list[str]]:
+    """``r² = Σ_k ((x_k − z_k) / l_k)²`` (differences first, then the lengthscale, as
+    numpy's exact path: a far row keeps the digits of a small difference), and the
+    squared scaled differences ``s²`` each lengthscale entry's derivative needs: ``[r²]``
+    for a scalar lengthscale, one ``s_k²`` per feature for ARD (when ``src.grads``)."""
     ell = np.asarray(k.lengthscale, dtype=float)
     if ell.ndim == 0:
         plain = src.once("sqdist", "sq", "diff * diff")
-        return src.let(f"{plain} * {src.param(1.0 / float(ell) ** 2)}")
+        r2 = src.let(f"{plain} * {src.param(1.0 / float(ell) ** 2)}")
+        return r2, [r2]
     if ell.shape != (d,):
         raise ValueError(f"{type(k).__name__}: lengthscale has {ell.shape[0]} entries but the "
                          f"data has {d} features; give one per feature or a scalar.")
     base = len(src.params)
     src.params.extend((1.0 / ell ** 2).tolist())
-    return src.accumulator("sqa", f"diff * diff * tl.load(p_ptr + {base} + k)")
+    r2 = src.accumulator("sqa", f"diff * diff * tl.load(p_ptr + {base} + k)")
+    if not src.grads:
+        return r2, []
+    parts = []
+    for j in range(d):  # one tile per feature, after the loop (the loop keeps one diff)
+        diff = (f"(tl.load(x_ptr + rows * D + {j}, mask=rmask, other=0.0)[:, None] - "
+                f"tl.load(z_ptr + cols * D + {j}, mask=cmask, other=0.0)[None, :]).to(CT)")
+        parts.append(src.let(f"{diff} * {diff} * tl.load(p_ptr + {base + j})"))
+    return r2, parts
 
 
-def _gaussian(k: Gaussian, src: TileSource, d: int) -> str:
-    return f"tl.exp(-0.5 * {_scaled_sqdist(k, src, d)})"
+def _lengthscale_grads(k: Stationary, src: TileSource, g: str, s2: list[str]) -> list[str]:
+    """``∂K/∂log l_k = g(r) s_k²`` (g = −k'(r)/r) when the lengthscale is learnable."""
+    return [f"({g} * {part})" for part in s2] if src.grads and _free(k, "lengthscale") else []
 
 
-def _matern(k: Stationary, src: TileSource, d: int) -> str:
+def _gaussian(k: Gaussian, src: TileSource, d: int) -> Tile:
+    r2, s2 = _scaled_sqdist(k, src, d)
+    value = src.let(f"tl.exp(-0.5 * {r2})")
+    return value, _lengthscale_grads(k, src, value, s2)
+
+
+def _matern(k: Stationary, src: TileSource, d: int) -> Tile:
     nu = 0.5 if isinstance(k, Laplacian) else float(k.nu)
-    r = src.let(f"tl.sqrt({_scaled_sqdist(k, src, d)})")
-    if nu == 0.5:
-        return f"tl.exp(-{r})"
+    r2, s2 = _scaled_sqdist(k, src, d)
+    r = src.let(f"tl.sqrt({r2})")
+    if nu == 0.5:  # g = e^{-r} / r, taken as 0 at r = 0 where s² = 0 (as numpy's)
+        value = src.let(f"tl.exp(-{r})")
+        g = f"tl.where({r} > 0.0, {value} / tl.where({r} > 0.0, {r}, 1.0), 0.0)"
+        return value, _lengthscale_grads(k, src, src.let(g) if src.grads else "", s2)
     # a plain float's repr: numpy 2 writes its scalars as np.float64(…), unknown to Triton
     a = src.let(f"{float(np.sqrt(3.0 if nu == 1.5 else 5.0))!r} * {r}")
+    e = src.let(f"tl.exp(-{a})")
     poly = f"(1.0 + {a})" if nu == 1.5 else f"(1.0 + {a} + {a} * {a} / 3.0)"
-    return f"({poly} * tl.exp(-{a}))"
+    g = f"3.0 * {e}" if nu == 1.5 else f"{5.0 / 3.0!r} * (1.0 + {a}) * {e}"
+    return src.let(f"{poly} * {e}"), _lengthscale_grads(k, src, src.let(g), s2)
 
 
-def _rational(k: RationalQuadratic, src: TileSource, d: int) -> str:
+def _rational(k: RationalQuadratic, src: TileSource, d: int) -> Tile:
     alpha = float(k.alpha)
-    base = f"(1.0 + {_scaled_sqdist(k, src, d)} * {src.param(0.5 / alpha)})"
-    return f"tl.exp(-{src.param(alpha)} * tl.log({base}))"
+    r2, s2 = _scaled_sqdist(k, src, d)
+    base = src.let(f"1.0 + {r2} * {src.param(0.5 / alpha)}")
+    a = src.param(alpha)
+    value = src.let(f"tl.exp(-{a} * tl.log({base}))")
+    grads = []
+    if src.grads and _free(k, "alpha"):  # K (r² / (2 base) - alpha log base)
+        grads.append(f"({value} * ({r2} / (2.0 * {base}) - {a} * tl.log({base})))")
+    return value, grads + _lengthscale_grads(k, src, f"({value} / {base})", s2)
 
 
-def _periodic(k: Periodic, src: TileSource, d: int) -> str:
+def _periodic(k: Periodic, src: TileSource, d: int) -> Tile:
     plain = src.once("sqdist", "sq", "diff * diff")
-    s = src.let(f"tl.sin(tl.sqrt({plain}) * {src.param(np.pi / float(k.period))})")
-    return f"tl.exp({src.param(-2.0 / float(k.lengthscale) ** 2)} * {s} * {s})"
+    arg = src.let(f"tl.sqrt({plain}) * {src.param(np.pi / float(k.period))}")
+    s = src.let(f"tl.sin({arg})")
+    inv_l2 = 1.0 / float(k.lengthscale) ** 2
+    value = src.let(f"tl.exp({src.param(-2.0 * inv_l2)} * {s} * {s})")
+    if not src.grads:
+        return value, []
+    four = src.param(4.0 * inv_l2)
+    grads = [f"({four} * {s} * {s} * {value})"] if _free(k, "lengthscale") else []
+    if _free(k, "period"):
+        grads.append(f"({four} * {arg} * {s} * tl.cos({arg}) * {value})")
+    return value, grads
 
 
 def _dot(src: TileSource) -> str:
     return src.once("dot", "dt", "xk[:, None] * zk[None, :]")
 
 
-def _linear(k: Linear, src: TileSource, d: int) -> str:
-    return _dot(src)
+def _linear(k: Linear, src: TileSource, d: int) -> Tile:
+    return _dot(src), []
 
 
-def _dot_product(k: DotProduct, src: TileSource, d: int) -> str:
-    return f"({_dot(src)} + {src.param(float(k.sigma_0) ** 2)})"
+def _dot_product(k: DotProduct, src: TileSource, d: int) -> Tile:
+    level = src.param(float(k.sigma_0) ** 2)
+    grads = [f"(2.0 * {level})"] if src.grads and _free(k, "sigma_0") else []
+    return f"({_dot(src)} + {level})", grads
 
 
-def _polynomial(k: Polynomial, src: TileSource, d: int) -> str:
-    return _integer_power(f"({_dot(src)} + {src.param(k.c)})", int(k.degree), src)
+def _polynomial(k: Polynomial, src: TileSource, d: int) -> Tile:
+    return _integer_power(f"({_dot(src)} + {src.param(k.c)})", int(k.degree), src), []
 
 
 def _integer_power(base: str, p: int, src: TileSource) -> str:
@@ -150,36 +200,57 @@ def _integer_power(base: str, p: int, src: TileSource) -> str:
         square = src.let(f"{square} * {square}")
 
 
-def _constant(k: Constant, src: TileSource, d: int) -> str:
-    return src.param(k.constant_value)
+def _constant(k: Constant, src: TileSource, d: int) -> Tile:
+    c = src.param(k.constant_value)
+    return c, [c] if src.grads and _free(k, "constant_value") else []
 
 
-def _scaled(k: Scaled, src: TileSource, d: int) -> str:
-    return f"({src.param(k.constant)} * {emit(k.kernel, src, d)})"
+def _white(k: White, src: TileSource, d: int) -> Tile:
+    # zero in every cross block, its derivative too (the noise is the models' diagonal)
+    return "0.0", ["0.0"] * k.n_dims if src.grads else []
 
 
-def _sum(k: Sum, src: TileSource, d: int) -> str:
-    return f"({emit(k.k1, src, d)} + {emit(k.k2, src, d)})"
+def _scaled(k: Scaled, src: TileSource, d: int) -> Tile:
+    value, grads = emit(k.kernel, src, d)
+    c = src.param(k.constant)
+    own = [f"({c} * {value})"] if src.grads and _free(k, "constant") else []
+    return f"({c} * {value})", own + [f"({c} * {g})" for g in grads]
 
 
-def _product(k: Product, src: TileSource, d: int) -> str:
-    return f"({emit(k.k1, src, d)} * {emit(k.k2, src, d)})"
+def _sum(k: Sum, src: TileSource, d: int) -> Tile:
+    (v1, g1), (v2, g2) = emit(k.k1, src, d), emit(k.k2, src, d)
+    return f"({v1} + {v2})", g1 + g2
 
 
-def _power(k: Power, src: TileSource, d: int) -> str:
-    return _integer_power(emit(k.kernel, src, d), int(k.power), src)
+def _product(k: Product, src: TileSource, d: int) -> Tile:
+    (v1, g1), (v2, g2) = emit(k.k1, src, d), emit(k.k2, src, d)
+    if src.grads:
+        v1, v2 = src.let(v1), src.let(v2)
+    return f"({v1} * {v2})", [f"({g} * {v2})" for g in g1] + [f"({v1} * {g})" for g in g2]
 
 
-def _exp(k: Exp, src: TileSource, d: int) -> str:
-    return f"tl.exp({emit(k.kernel, src, d)})"
+def _power(k: Power, src: TileSource, d: int) -> Tile:
+    value, grads = emit(k.kernel, src, d)
+    p = int(k.power)
+    if not grads:
+        return _integer_power(value, p, src), []
+    below = _integer_power(value, p - 1, src) if p > 1 else "1.0"
+    below = src.let(below)
+    return src.let(f"{below} * {value}"), [f"({p} * {below} * {g})" for g in grads]
+
+
+def _exp(k: Exp, src: TileSource, d: int) -> Tile:
+    value, grads = emit(k.kernel, src, d)
+    e = src.let(f"tl.exp({value})")
+    return e, [f"({e} * {g})" for g in grads]
 
 
 #: One emitter per kernel class (exact type: a subclass may change the values).
-EMITTERS: dict[type, Callable[..., str]] = {
+EMITTERS: dict[type, Callable[..., Tile]] = {
     Gaussian: _gaussian, Laplacian: _matern, Matern: _matern, RationalQuadratic: _rational,
     Periodic: _periodic, Linear: _linear, DotProduct: _dot_product, Polynomial: _polynomial,
-    Constant: _constant, Scaled: _scaled, Sum: _sum, Product: _product, Power: _power,
-    Exp: _exp,
+    Constant: _constant, White: _white, Scaled: _scaled, Sum: _sum, Product: _product,
+    Power: _power, Exp: _exp,
 }
 
 
@@ -187,32 +258,38 @@ class NoTritonSource(Exception):
     """The kernel holds a part with no Triton emitter; the message names it."""
 
 
-def emit(kernel: Kernel, src: TileSource, d: int) -> str:
-    """The expression of ``kernel``'s tile, adding the lines it needs to ``src``."""
+def emit(kernel: Kernel, src: TileSource, d: int) -> Tile:
+    """The expressions of ``kernel``'s tile and derivatives, adding the lines they need to
+    ``src``."""
     emitter = EMITTERS.get(type(kernel))
     if emitter is None:
         raise NoTritonSource(f"{type(kernel).__name__} has no Triton form")
     return emitter(kernel, src, d)
 
 
-def tile_source(kernel: Kernel, d: int) -> tuple[list[str], np.ndarray]:
+def tile_source(kernel: Kernel, d: int, grads: bool = False) -> tuple[list[str], np.ndarray]:
     """The lines computing ``K`` (a BN × BM tile) for ``kernel`` on d features, and the
-    parameter vector they read (float64).
+    parameter vector they read (float64). With ``grads``, also ``G0`` … ``G{p-1}``, the
+    tiles of ``∂K/∂θ_j`` for the p log-hyperparameters of ``kernel.theta`` (White's are
+    zero in these cross blocks).
 
     Raises :class:`NoTritonSource` for a kernel with a part Triton cannot express.
     """
-    if kernel.has_white:
+    if kernel.has_white and not grads:  # its blocks are zero: leave its terms out
         stripped = kernel.without_white()
         if stripped is None:
             raise NoTritonSource("white noise only: its blocks are zero")
         kernel = stripped
-    src = TileSource()
-    value = emit(kernel, src, d)
+    src = TileSource(grads=grads)
+    value, derivatives = emit(kernel, src, d)
+    assert not grads or len(derivatives) == kernel.n_dims, (kernel, derivatives)
     loop = ["for k in tl.static_range(D):",
             "    xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0).to(CT)",
             "    zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0).to(CT)",
             "    diff = xk[:, None] - zk[None, :]"]
     loop += [f"    {line}" for line in src.per_feature] if src.per_feature else ["    pass"]
     # a kernel of constants alone is a scalar: the zeros tile gives it the tile's shape
-    lines = src.before + loop + src.after + [f"K = {value} + tl.zeros([BN, BM], dtype=CT)"]
+    zeros = "tl.zeros([BN, BM], dtype=CT)"
+    lines = src.before + loop + src.after + [f"K = {value} + {zeros}"]
+    lines += [f"G{j} = {g} + {zeros}" for j, g in enumerate(derivatives)]
     return lines, np.asarray(src.params, dtype=np.float64)
