@@ -185,19 +185,63 @@ def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeyp
     assert_matches_numpy(got, kernel, X, Z, v, 1e-15)
 
 
-def test_passes_without_a_fused_kernel_run_numpy_logged(caplog, monkeypatch):
+def test_the_sgpr_gradient_runs_numpy_logged(caplog, monkeypatch):
     monkeypatch.setattr(keops_backend, "_logged", set())
-    kernel = Gaussian(0.9)
+    kernel, z, y = Gaussian(0.9), Z[:20], np.sin(X[:, :1])
+    args = (X, z, y, RNG.normal(size=(20, 20)), RNG.normal(size=(20, 1)))
+    kwargs = dict(kernel=kernel, gradient=kernel.gradient, p=1, tile=64)
     with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
-        got = block_backend("triton").kernel_columns(X, Z[:20], kernel=kernel)
-        block_backend("triton").leverage(X, Z[:20], kernel=kernel,
-                                         Linv=np.linalg.inv(np.linalg.cholesky(
-                                             kernel(Z[:20], Z[:20]) + 1e-6 * np.eye(20))),
-                                         alpha=0.1)
-    np.testing.assert_array_equal(got, block_backend("numpy").kernel_columns(
-        X, Z[:20], kernel=kernel))
-    assert "backend='triton': ridge leverage scores run with numpy: no fused Triton kernel " \
-        "computes it yet" in caplog.text
+        got = block_backend("triton").sgpr_gradient(*args, **kwargs)
+    np.testing.assert_array_equal(got, block_backend("numpy").sgpr_gradient(*args, **kwargs))
+    assert "backend='triton': sparse GP bound gradients run with numpy: no fused Triton " \
+        "kernel computes it yet" in caplog.text
+
+
+def test_projections_equal_numpy(triton_calls):
+    """Dense columns (identity tiles of width 16), the whitened cross block (20 centres,
+    L⁻ᵀ padded to 32 columns) and the passes on it, as fused products: numpy's to 1e-9."""
+    triton_, numpy_ = block_backend("triton"), block_backend("numpy")
+    kernel, z, y = Matern(0.8, nu=2.5), Z[:20], np.column_stack([np.sin(X[:, 0]), X[:, 1]])
+    L = np.linalg.cholesky(kernel(z, z) + 1e-8 * np.eye(20))
+    Linv = np.linalg.inv(L)
+
+    def close(got, want):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+    close(triton_.kernel_columns(X, z, kernel=kernel), kernel(X, z))
+    assert triton_calls == [(16, 16), (4, 16)]  # two identity tiles, the last one padded
+    for factor, W in (("cholesky", L), ("inverse", Linv)):
+        close(triton_.whitened_cross(X, z, W, kernel=kernel, factor=factor),
+              numpy_.whitened_cross(X, z, W, kernel=kernel, factor=factor))
+    assert triton_calls[-1] == (20, 32)
+    close(triton_.whitened_residual_diag(X, z, L, kernel=kernel),
+          numpy_.whitened_residual_diag(X, z, L, kernel=kernel))
+    close(triton_.leverage(X, z, kernel=kernel, Linv=Linv, alpha=0.1),
+          numpy_.leverage(X, z, kernel=kernel, Linv=Linv, alpha=0.1))
+    close(triton_.sgpr_statistics(X, z, y, L, kernel=kernel, tile=64),
+          numpy_.sgpr_statistics(X, z, y, L, kernel=kernel, tile=64))
+    LB, c = np.linalg.cholesky(np.eye(20) + Linv @ Linv.T), RNG.normal(size=(20, 2))
+    close(triton_.sgpr_predict(X, z, L, LB, c, kernel=kernel, tile=64),
+          numpy_.sgpr_predict(X, z, L, LB, c, kernel=kernel, tile=64))
+
+
+def test_sparse_gp_fit_and_predict_run_through_triton(triton_calls):
+    """SGPR statistics (fit), mean and std (predict) from fused products: numpy's."""
+    from dkern.models import GaussianProcessRegressor
+
+    y = np.sin(2 * X[:, 0])
+    params = dict(alpha=0.05, solver="nystrom", n_centers=20, optimizer=None, random_state=0)
+    want = GaussianProcessRegressor(Gaussian(0.9), backend="numpy", **params).fit(X, y)
+    gp = GaussianProcessRegressor(Gaussian(0.9), backend="triton", **params).fit(X, y)
+    fitted = len(triton_calls)
+    assert fitted > 0
+    assert gp.log_marginal_likelihood_value_ == pytest.approx(
+        want.log_marginal_likelihood_value_, rel=1e-9)
+    mean, std = gp.predict(Z, return_std=True)
+    assert len(triton_calls) > fitted
+    want_mean, want_std = want.predict(Z, return_std=True)
+    np.testing.assert_allclose(mean, want_mean, rtol=0, atol=1e-9 * np.abs(want_mean).max())
+    np.testing.assert_allclose(std, want_std, rtol=0, atol=1e-9 * want_std.max())
 
 
 GRAD_KERNELS = [

@@ -54,7 +54,7 @@ from .keops_backend import (
 from .neighbors import nearest_block
 from .numpy_backend import matvec_block_numpy, single_threaded_blas
 from .nystrom_normal import normal_matvec_block_keops, normal_matvec_block_numpy
-from .projections import Factor, KeopsProjections, ProjectionBlocks
+from .projections import Factor, FusedProjections, KeopsProjections, ProjectionBlocks
 from .smoothing import weighted_log_sums_block
 from .triton_backend import (
     NoTritonSource,
@@ -234,23 +234,18 @@ def _numpy_pass(method: str, what: str) -> Callable[..., object]:
     return numpy_pass
 
 
-class TritonBlocks(NumpyBlocks):
+class TritonBlocks(FusedProjections, NumpyBlocks):
     """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs), the
     kernel derivative products ``∂K/∂θ V`` of GP learning, a Gaussian's smoothing sums (an
-    online log-sum-exp) and the k nearest neighbours (a running top-k in registers). The
-    other passes are numpy's, and
-    so is a kernel Triton cannot express (:mod:`.triton_source`) and a smoothing kernel
-    without a log form, each logged once per process; dense blocks and diagonals are
-    numpy's by design, as under KeOps.
+    online log-sum-exp), the k nearest neighbours (a running top-k in registers), and the
+    whitened cross blocks of the sparse GP and leverage scores (as products with
+    ``L⁻ᵀ``, :class:`~dkern.backends.projections.FusedProjections`). The SGPR bound's
+    gradient is numpy's, and so is a kernel Triton cannot express (:mod:`.triton_source`)
+    and a smoothing kernel without a log form, each logged once per process; dense blocks
+    and diagonals are numpy's by design, as under KeOps.
     """
 
     name = "triton"
-    whitened_cross = _numpy_pass("whitened_cross", "whitened cross blocks (sparse GP)")
-    whitened_residual_diag = _numpy_pass("whitened_residual_diag",
-                                         "residual diagonals (sparse GP variances)")
-    leverage = _numpy_pass("leverage", "ridge leverage scores")
-    sgpr_statistics = _numpy_pass("sgpr_statistics", "sparse GP statistics")
-    sgpr_predict = _numpy_pass("sgpr_predict", "sparse GP predictions")
     sgpr_gradient = _numpy_pass("sgpr_gradient", "sparse GP bound gradients")
 
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,

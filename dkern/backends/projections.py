@@ -44,7 +44,8 @@ import scipy.linalg.blas as blas
 from ..kernels import Kernel
 from .numpy_backend import TILE_BYTES, single_threaded_blas
 
-__all__ = ["KeopsProjections", "ProjectionBlocks", "log_fallback", "residual_diag"]
+__all__ = ["FusedProjections", "KeopsProjections", "ProjectionBlocks", "log_fallback",
+           "residual_diag"]
 
 logger = logging.getLogger(__name__)
 
@@ -232,12 +233,14 @@ class ProjectionBlocks:
         return out
 
 
-class KeopsProjections(ProjectionBlocks):
-    """KeOps Sum reductions for the whitened cross block and the dense kernel columns.
+class FusedProjections(ProjectionBlocks):
+    """The whitened cross block and the dense kernel columns from the backend's fused
+    ``kernel_matvec`` (KeOps' Sum reduction, Triton's fused product): kernel values are
+    never stored.
 
     ``A = k(x, z) L⁻ᵀ`` is ``kernel_matvec(x, z, L⁻ᵀ)``: the right-hand side is the M
     columns of ``L⁻ᵀ`` (``L⁻¹`` formed once per task, O(M³) beside the task's O(n_i M²)),
-    padded with zero columns to a power of two so that few formulas are compiled.
+    padded with zero columns to a power of two so that few kernels are compiled.
     """
 
     def kernel_columns(self, x: np.ndarray, z: np.ndarray, *, kernel: Kernel) -> np.ndarray:
@@ -260,6 +263,10 @@ class KeopsProjections(ProjectionBlocks):
         V = np.zeros((M, _padded_width(M)))
         V[:, :M] = inverse.T
         return lambda x: self.kernel_matvec(x, z, V, kernel=kernel)[:, :M]  # type: ignore
+
+
+class KeopsProjections(FusedProjections):
+    """:class:`FusedProjections` by KeOps; the θ-derivative passes are numpy's, logged."""
 
     def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
                       ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],
