@@ -185,16 +185,28 @@ def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeyp
     assert_matches_numpy(got, kernel, X, Z, v, 1e-15)
 
 
-def test_the_sgpr_gradient_runs_numpy_logged(caplog, monkeypatch):
-    monkeypatch.setattr(keops_backend, "_logged", set())
-    kernel, z, y = Gaussian(0.9), Z[:20], np.sin(X[:, :1])
-    args = (X, z, y, RNG.normal(size=(20, 20)), RNG.normal(size=(20, 1)))
-    kwargs = dict(kernel=kernel, gradient=kernel.gradient, p=1, tile=64)
-    with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
-        got = block_backend("triton").sgpr_gradient(*args, **kwargs)
-    np.testing.assert_array_equal(got, block_backend("numpy").sgpr_gradient(*args, **kwargs))
-    assert "backend='triton': sparse GP bound gradients run with numpy: no fused Triton " \
-        "kernel computes it yet" in caplog.text
+@pytest.mark.parametrize("kernel", [Gaussian([0.5, 1.0, 2.0]), 1.5 * Matern(0.8) + White(0.1)],
+                         ids=repr)
+def test_sgpr_gradient_equals_numpy(kernel):
+    """``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` per centre, ``G = k(x, z) knu + y kyᵀ``."""
+    z, y = Z[:20], np.column_stack([np.sin(X[:, 0]), X[:, 1]])
+    args = (X, z, y, RNG.normal(size=(20, 20)), RNG.normal(size=(20, 2)))
+    kwargs = dict(kernel=kernel, gradient=kernel.gradient, p=len(kernel.theta), tile=64)
+    got = block_backend("triton").sgpr_gradient(*args, **kwargs)
+    want = block_backend("numpy").sgpr_gradient(*args, **kwargs)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+
+
+def test_the_sgpr_bound_gradient_runs_through_triton(triton_calls):
+    from dkern.solvers.sgpr import sgpr_bound_gradient, sgpr_statistics
+
+    kernel, y = 1.2 * Gaussian(0.9), np.sin(2 * X[:, 0])
+    stats = sgpr_statistics(kernel, X, y, Z[:20], backend="numpy")
+    value, grad = sgpr_bound_gradient(stats, X, y, 0.05, backend="triton")
+    assert triton_calls
+    want_value, want_grad = sgpr_bound_gradient(stats, X, y, 0.05, backend="numpy")
+    assert value == pytest.approx(want_value, rel=1e-12)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-9)
 
 
 def test_projections_equal_numpy(triton_calls):

@@ -62,6 +62,7 @@ from .triton_backend import (
     log_sums_block_triton,
     matvec_block_triton,
     nearest_block_triton,
+    pair_weighted_grads_triton,
 )
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "TritonBlocks", "block_backend"]
@@ -222,31 +223,18 @@ class KeopsBlocks(KeopsProjections, NumpyBlocks):
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         return nearest_block_keops(x, z, limit, index, k=k)
 
-def _numpy_pass(method: str, what: str) -> Callable[..., object]:
-    """NumpyBlocks' ``method`` for the Triton backend, logged once per process as run
-    with numpy (no fused Triton kernel computes that pass yet)."""
-    def numpy_pass(self: NumpyBlocks, *args: object, **kwargs: object) -> object:
-        log_fallback_once(what, "no fused Triton kernel computes it yet", backend="triton")
-        return getattr(NumpyBlocks, method)(self, *args, **kwargs)
-
-    numpy_pass.__name__ = method
-    numpy_pass.__doc__ = f"numpy's ``{method}`` ({what}), logged once."
-    return numpy_pass
-
-
 class TritonBlocks(FusedProjections, NumpyBlocks):
     """Fused Triton kernels for the kernel products (Gram and Nyström normal matvecs), the
     kernel derivative products ``∂K/∂θ V`` of GP learning, a Gaussian's smoothing sums (an
     online log-sum-exp), the k nearest neighbours (a running top-k in registers), and the
     whitened cross blocks of the sparse GP and leverage scores (as products with
-    ``L⁻ᵀ``, :class:`~dkern.backends.projections.FusedProjections`). The SGPR bound's
-    gradient is numpy's, and so is a kernel Triton cannot express (:mod:`.triton_source`)
-    and a smoothing kernel without a log form, each logged once per process; dense blocks
+    ``L⁻ᵀ``, :class:`~dkern.backends.projections.FusedProjections`) and the SGPR bound's
+    gradient. A kernel Triton cannot express (:mod:`.triton_source`) and a smoothing
+    kernel without a log form run numpy's blocks, logged once per process; dense blocks
     and diagonals are numpy's by design, as under KeOps.
     """
 
     name = "triton"
-    sgpr_gradient = _numpy_pass("sgpr_gradient", "sparse GP bound gradients")
 
     def kernel_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:
@@ -277,6 +265,24 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
     def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         return nearest_block_triton(x, z, limit, index, k=k)
+
+    def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
+                      ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],
+                      p: int, tile: int) -> np.ndarray:
+        """``Σᵢ G[i, m] ∂k(xᵢ, z_m)/∂θ`` with ``G = k(x, z) knu + y kyᵀ`` (fused products),
+        ``tile`` rows at a time; shape (M, p). ``gradient`` must be ``kernel.gradient``
+        (what the solver passes); a kernel Triton cannot express takes numpy's block."""
+        out = np.zeros((len(z), p))
+        try:
+            for i0 in range(0, len(x), tile):
+                x_t = x[i0:i0 + tile]
+                G = self.kernel_matvec(x_t, z, knu, kernel=kernel) + y[i0:i0 + tile] @ ky.T
+                out += pair_weighted_grads_triton(kernel, z, x_t, G)
+        except NoTritonSource as why:
+            log_fallback_once("sparse GP bound gradients", str(why), backend="triton")
+            return super().sgpr_gradient(x, z, y, knu, ky, kernel=kernel, gradient=gradient,
+                                         p=p, tile=tile)
+        return finite_values(out, kernel, x, z)
 
     def kernel_grad_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                            kernel: Kernel, tile: int | None = None) -> np.ndarray:

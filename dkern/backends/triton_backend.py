@@ -187,6 +187,28 @@ def kernel_grad_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexp
 '''
 
 
+_PAIR_WEIGHTED_GRADS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pair_weighted_grads(x_ptr, z_ptr, w_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
+                        BN: tl.constexpr, BM: tl.constexpr, CT: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rmask = rows < n
+{init}
+    for start in range(0, m, BM):
+        cols = start + tl.arange(0, BM)
+        cmask = cols < m
+{tile}
+        W = tl.load(w_ptr + cols[None, :] * n + rows[:, None],
+                    mask=rmask[:, None] & cmask[None, :], other=0.0)
+{fold}
+{store}
+'''
+
+
 def interpreting() -> bool:
     """True when Triton runs its kernels on the CPU through its interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -239,6 +261,50 @@ def grad_matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
             .replace("{store}", block("tl.store(out_ptr + where + {j}, acc{j}, mask=keep)", 4))
             .replace("T * P", f"T * {p}").replace("tcols[None, :] * P", f"tcols[None, :] * {p}"))
     return text, params
+
+
+def pair_weighted_grads_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
+    """The Triton module computing ``Σ_i W[i, m] ∂kernel(z_m, x_i)/∂θ_j`` per row m of its
+    first operand and log-hyperparameter j, and its parameters."""
+    lines, params = tile_source(kernel, d, grads=True)
+    p = kernel.n_dims
+
+    def block(template: str, indent: int) -> str:
+        return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
+            " " * indent + "pass"
+
+    text = (_PAIR_WEIGHTED_GRADS
+            .replace("{tile}", textwrap.indent("\n".join(lines), " " * 8))
+            .replace("{init}", block("acc{j} = tl.zeros([BN], dtype=tl.float64)", 4))
+            .replace("{fold}", block("acc{j} += tl.sum(G{j} * W, axis=1)", 8))
+            .replace("{store}", block(f"tl.store(out_ptr + rows * {p} + {{j}}, acc{{j}}, "
+                                      "mask=rmask)", 4)))
+    return text, params
+
+
+def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
+                               w: np.ndarray) -> np.ndarray:
+    """``out[m, j] = Σᵢ w[i, m] ∂kernel(z_m, xᵢ)/∂θ_j`` for z (M, d), x (n, d), w (n, M):
+    the SGPR bound gradient's contraction, the derivative tiles never stored; shape
+    (M, p), float64."""
+    import torch
+    import triton
+
+    z, x = np.ascontiguousarray(z, np.float64), np.ascontiguousarray(x, np.float64)
+    M, n, d, p = len(z), len(x), z.shape[1], kernel.n_dims
+    out = torch.zeros((M, p), dtype=torch.float64, device=_device())
+    if M and n and p:
+        source, params = pair_weighted_grads_source(kernel, d)
+        run = _compiled(source, "pair_weighted_grads")
+        device = _device()
+        bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
+        with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+            run[(triton.cdiv(M, bn),)](
+                _tensor(z, device), _tensor(x, device),
+                _tensor(np.asarray(w, np.float64), device),
+                _tensor(params if len(params) else np.zeros(1), device), out, M, n, D=d,
+                BN=bn, BM=bm, CT=triton.language.float64, num_warps=warps)
+    return out.cpu().numpy()
 
 
 def _device() -> Any:
@@ -440,4 +506,4 @@ def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
 
 __all__ = ["NoTritonSource", "grad_matvec_block_triton", "grad_matvec_source", "interpreting",
            "log_sums_block_triton", "matvec_block_triton", "matvec_source",
-           "nearest_block_triton"]
+           "nearest_block_triton", "pair_weighted_grads_source", "pair_weighted_grads_triton"]
