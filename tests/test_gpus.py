@@ -60,3 +60,21 @@ def test_gpus_with_a_remote_scheduler_or_n_workers_is_refused_before_connecting(
         dkern.connect("tcp://127.0.0.1:1", gpus=1)
     with pytest.raises(ValueError, match="with gpus there is one worker per GPU; give one"):
         dkern.connect(gpus=1, n_workers=2)
+
+
+def test_gpu_facts_read_nvidia_smi(tmp_path, monkeypatch):
+    """What `dkern info` reports per GPU, from nvidia-smi's CSV and header (a stand-in
+    script printing what the H100 of benchmarks/RESULTS.md printed)."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\n"
+                    'case "$1" in\n'
+                    '  --query-gpu=*) echo "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04" ;;\n'
+                    '  *) echo "| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   '
+                    'CUDA Version: 13.0     |" ;;\n'
+                    "esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpus_module.gpu_facts() == [{"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB",
+                                        "driver": "580.159.04", "cuda": "13.0"}]
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpus_module.gpu_facts() == []

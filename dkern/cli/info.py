@@ -1,5 +1,5 @@
-"""``dkern info``: versions, backends (with a real KeOps compile check), and whether
-a GPU is visible."""
+"""``dkern info``: versions, the GPUs (name, memory, driver, CUDA), the backends (with a
+real KeOps compile check, and Triton's), and whether KeOps sees a GPU."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import zarr
 
     from ..backends import backend_statuses, gpu_visible
+    from ..runtime.gpus import gpu_facts
 
     return {
         "dkern": __version__, "python": platform.python_version(),
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "packages": {"numpy": np.__version__, "dask": dask.__version__,
                      "distributed": distributed.__version__, "zarr": zarr.__version__},
+        "gpus": gpu_facts(),
         "gpu_visible": gpu_visible(),
         "backends": {s.name: {"available": s.available, "detail": s.detail}
                      for s in backend_statuses()},

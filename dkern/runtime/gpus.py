@@ -8,6 +8,7 @@ tasks dask sends there run on it. A worker that restarts keeps its GPU.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -31,6 +32,28 @@ def visible_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+def gpu_facts() -> list[dict[str, str]]:
+    """Each CUDA GPU ``nvidia-smi`` reports: name, memory, driver and the CUDA version the
+    driver supports (empty without nvidia-smi or a GPU)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        rows = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=30).stdout
+        header = subprocess.run(["nvidia-smi"], capture_output=True, text=True,
+                                timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", header)
+    facts = []
+    for row in rows.strip().splitlines():
+        name, memory, driver = (part.strip() for part in row.split(",", 2))
+        facts.append({"name": name, "memory": memory, "driver": driver,
+                      "cuda": cuda.group(1) if cuda else "?"})
+    return facts
 
 
 def gpu_ids(gpus: bool | int | Sequence[int]) -> list[int]:
