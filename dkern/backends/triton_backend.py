@@ -1,9 +1,10 @@
-"""Fused Triton block kernels: kernel values made and used in registers, never stored.
+"""Running the Triton backend's fused kernels (:mod:`.triton_kernels`) on one block.
 
-One Triton program owns ``BN`` rows of x and walks z's rows ``BM`` at a time; for
-each tile it computes the kernel values from the coordinates
-(:mod:`.triton_source` writes that part for the kernel at hand) and folds them into
-the product at once, flash-attention style, so no kernel block ever reaches memory.
+Kernel values are made and used in registers, never stored: one Triton program owns
+``BN`` rows of x and walks z's rows ``BM`` at a time, computing each tile from the
+coordinates (:mod:`.triton_source` writes that part for the kernel at hand) and folding
+it into the result at once, flash-attention style. This module moves the operands to
+the device, compiles each generated source once per process, and launches.
 float64 operands compute in float64; float32 operands compute their kernel values
 and each tile's partial sums in float32 and accumulate the tiles in float64, so a
 sum over a million columns keeps float32's relative accuracy, not loses it.
@@ -20,7 +21,6 @@ import hashlib
 import linecache
 import logging
 import os
-import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Gaussian, Kernel
-from .triton_source import NoTritonSource, tile_source
+from .triton_kernels import (
+    GAUSSIAN_LOG_SUMS,
+    NEAREST,
+    grad_matvec_source,
+    matvec_source,
+    pair_weighted_grads_source,
+)
+from .triton_source import NoTritonSource
 
 logger = logging.getLogger(__name__)
 
@@ -42,172 +49,6 @@ INTERPRETER_TILES = (128, 128, 1)
 _INTERPRETER_LOCK = threading.Lock()
 #: Columns of v one launch handles; wider v is done in groups (each recomputes the tile).
 MAX_COLUMNS = 64
-
-_MATVEC = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
-                  T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                  CT: tl.constexpr):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rmask = rows < n
-    tcols = tl.arange(0, TP)
-    tmask = tcols < T
-    acc = tl.zeros([BN, TP], dtype=tl.float64)
-    for start in range(0, m, BM):
-        cols = start + tl.arange(0, BM)
-        cmask = cols < m
-{tile}
-        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
-                    mask=cmask[:, None] & tmask[None, :], other=0.0).to(CT)
-        if TP == 1:
-            part = tl.sum(K * tl.reshape(V, [BM])[None, :], axis=1)[:, None]
-        else:
-            part = tl.dot(K, V, input_precision="ieee")
-        acc += part.to(tl.float64)
-    tl.store(out_ptr + rows[:, None] * T + tcols[None, :], acc,
-             mask=rmask[:, None] & tmask[None, :])
-'''
-
-
-_GAUSSIAN_LOG_SUMS = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def gaussian_log_sums(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
-                      T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rmask = rows < n
-    tcols = tl.arange(0, TP)
-    tmask = tcols < T
-    top = tl.full([BN], float("-inf"), dtype=tl.float64)
-    sums = tl.zeros([BN, TP], dtype=tl.float64)
-    for start in range(0, m, BM):
-        cols = start + tl.arange(0, BM)
-        cmask = cols < m
-        L = tl.zeros([BN, BM], dtype=tl.float64)
-        for k in tl.static_range(D):
-            xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0)
-            zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0)
-            diff = xk[:, None] - zk[None, :]
-            L += diff * diff * tl.load(p_ptr + k)
-        L = tl.where(cmask[None, :], -0.5 * L, float("-inf"))
-        new_top = tl.maximum(top, tl.max(L, axis=1))
-        W = tl.exp(L - new_top[:, None])
-        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
-                    mask=cmask[:, None] & tmask[None, :], other=0.0)
-        sums = sums * tl.exp(top - new_top)[:, None] + tl.dot(W, V, input_precision="ieee")
-        top = new_top
-    tl.store(out_ptr + rows * (T + 1), top, mask=rmask)
-    tl.store(out_ptr + rows[:, None] * (T + 1) + 1 + tcols[None, :], sums,
-             mask=rmask[:, None] & tmask[None, :])
-'''
-
-
-_NEAREST = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def nearest(x_ptr, z_ptr, index_ptr, limit_ptr, sq_ptr, idx_ptr, n, m, D: tl.constexpr,
-            K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rmask = rows < n
-    slots = tl.arange(0, KP)
-    # slots past K hold -inf: never the worst, so never replaced, never returned
-    best = tl.where(slots[None, :] < K, float("inf"), float("-inf")) + tl.zeros([BN, KP],
-                                                                                dtype=tl.float64)
-    best_i = tl.full([BN, KP], PAD, dtype=tl.int64)
-    limit = tl.load(limit_ptr + rows, mask=rmask, other=0.0)
-    for start in range(0, m, BM):
-        cols = start + tl.arange(0, BM)
-        cmask = cols < m
-        sq = tl.zeros([BN, BM], dtype=tl.float64)
-        for k in tl.static_range(D):
-            xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0)
-            zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0)
-            diff = xk[:, None] - zk[None, :]
-            sq += diff * diff
-        sq = tl.where(cmask[None, :] & (sq <= limit[:, None]), sq, float("inf"))
-        index = tl.load(index_ptr + cols, mask=cmask, other=PAD)
-        # up to K rounds: the tile's nearest (lowest column on ties: the lowest index, as
-        # z's indices ascend) replaces the worst kept pair by (distance, index)
-        for _ in tl.static_range(K):
-            near = tl.min(sq, axis=1)
-            at = tl.argmin(sq, axis=1)
-            near_i = tl.max(tl.where(cols[None, :] == start + at[:, None], index[None, :], -1),
-                            axis=1)
-            worst = tl.max(best, axis=1)
-            worst_i = tl.max(tl.where(best == worst[:, None], best_i, -1), axis=1)
-            tied = (best == worst[:, None]) & (best_i == worst_i[:, None])
-            slot = tl.min(tl.where(tied, slots[None, :], KP), axis=1)
-            take = ((near < worst) | ((near == worst) & (near_i < worst_i))) & \
-                (near < float("inf"))
-            put = (slots[None, :] == slot[:, None]) & take[:, None]
-            best = tl.where(put, near[:, None], best)
-            best_i = tl.where(put, near_i[:, None], best_i)
-            sq = tl.where(cols[None, :] == start + at[:, None], float("inf"), sq)
-    out = rows[:, None] * K + slots[None, :]
-    keep = rmask[:, None] & (slots[None, :] < K)
-    tl.store(sq_ptr + out, best, mask=keep)
-    tl.store(idx_ptr + out, best_i, mask=keep)
-'''
-
-
-_GRAD_MATVEC = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def kernel_grad_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
-                       T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                       CT: tl.constexpr):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rmask = rows < n
-    tcols = tl.arange(0, TP)
-    tmask = tcols < T
-{init}
-    for start in range(0, m, BM):
-        cols = start + tl.arange(0, BM)
-        cmask = cols < m
-{tile}
-        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
-                    mask=cmask[:, None] & tmask[None, :], other=0.0).to(CT)
-{fold}
-    where = rows[:, None] * (T * P) + tcols[None, :] * P
-    keep = rmask[:, None] & tmask[None, :]
-{store}
-'''
-
-
-_PAIR_WEIGHTED_GRADS = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def pair_weighted_grads(x_ptr, z_ptr, w_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
-                        BN: tl.constexpr, BM: tl.constexpr, CT: tl.constexpr):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rmask = rows < n
-{init}
-    for start in range(0, m, BM):
-        cols = start + tl.arange(0, BM)
-        cmask = cols < m
-{tile}
-        W = tl.load(w_ptr + cols[None, :] * n + rows[:, None],
-                    mask=rmask[:, None] & cmask[None, :], other=0.0)
-{fold}
-{store}
-'''
-
 
 def interpreting() -> bool:
     """True when Triton runs its kernels on the CPU through its interpreter."""
@@ -228,83 +69,6 @@ def _compiled(source: str, name: str = "kernel_matvec") -> Callable[..., Any]:
     exec(compile(source, file, "exec"), namespace)  # noqa: S102 - our own generated source
     logger.debug("compiled Triton kernel %s %s", name, file)
     return namespace[name]
-
-
-def matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
-    """The Triton module computing ``kernel(x, z) @ v`` on d features, and its parameters.
-
-    Raises :class:`~dkern.backends.triton_source.NoTritonSource` when the kernel has
-    a part Triton cannot express.
-    """
-    lines, params = tile_source(kernel, d)
-    tile = textwrap.indent("\n".join(lines), " " * 8)
-    return _MATVEC.replace("{tile}", tile), params
-
-
-def grad_matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
-    """The Triton module computing ``∂kernel(x, z)/∂θ_j @ v`` for each of the p
-    log-hyperparameters on d features, one accumulator per j, and its parameters."""
-    lines, params = tile_source(kernel, d, grads=True)
-    p = kernel.n_dims
-
-    def block(template: str, indent: int) -> str:
-        return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
-            " " * indent + "pass"
-
-    fold = ("        if TP == 1:\n"
-            + block("acc{j} += tl.sum(G{j} * tl.reshape(V, [BM])[None, :], axis=1)[:, None]", 12)
-            + "\n        else:\n"
-            + block("acc{j} += tl.dot(G{j}, V, input_precision='ieee').to(tl.float64)", 12))
-    text = (_GRAD_MATVEC.replace("{tile}", textwrap.indent("\n".join(lines), " " * 8))
-            .replace("{init}", block("acc{j} = tl.zeros([BN, TP], dtype=tl.float64)", 4))
-            .replace("{fold}", fold)
-            .replace("{store}", block("tl.store(out_ptr + where + {j}, acc{j}, mask=keep)", 4))
-            .replace("T * P", f"T * {p}").replace("tcols[None, :] * P", f"tcols[None, :] * {p}"))
-    return text, params
-
-
-def pair_weighted_grads_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
-    """The Triton module computing ``Σ_i W[i, m] ∂kernel(z_m, x_i)/∂θ_j`` per row m of its
-    first operand and log-hyperparameter j, and its parameters."""
-    lines, params = tile_source(kernel, d, grads=True)
-    p = kernel.n_dims
-
-    def block(template: str, indent: int) -> str:
-        return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
-            " " * indent + "pass"
-
-    text = (_PAIR_WEIGHTED_GRADS
-            .replace("{tile}", textwrap.indent("\n".join(lines), " " * 8))
-            .replace("{init}", block("acc{j} = tl.zeros([BN], dtype=tl.float64)", 4))
-            .replace("{fold}", block("acc{j} += tl.sum(G{j} * W, axis=1)", 8))
-            .replace("{store}", block(f"tl.store(out_ptr + rows * {p} + {{j}}, acc{{j}}, "
-                                      "mask=rmask)", 4)))
-    return text, params
-
-
-def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
-                               w: np.ndarray) -> np.ndarray:
-    """``out[m, j] = Σᵢ w[i, m] ∂kernel(z_m, xᵢ)/∂θ_j`` for z (M, d), x (n, d), w (n, M):
-    the SGPR bound gradient's contraction, the derivative tiles never stored; shape
-    (M, p), float64."""
-    import torch
-    import triton
-
-    z, x = np.ascontiguousarray(z, np.float64), np.ascontiguousarray(x, np.float64)
-    M, n, d, p = len(z), len(x), z.shape[1], kernel.n_dims
-    out = torch.zeros((M, p), dtype=torch.float64, device=_device())
-    if M and n and p:
-        source, params = pair_weighted_grads_source(kernel, d)
-        run = _compiled(source, "pair_weighted_grads")
-        device = _device()
-        bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
-        with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-            run[(triton.cdiv(M, bn),)](
-                _tensor(z, device), _tensor(x, device),
-                _tensor(np.asarray(w, np.float64), device),
-                _tensor(params if len(params) else np.zeros(1), device), out, M, n, D=d,
-                BN=bn, BM=bm, CT=triton.language.float64, num_warps=warps)
-    return out.cpu().numpy()
 
 
 def _device() -> Any:
@@ -394,7 +158,7 @@ def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = N
     if n == 0 or m == 0:  # the empty sum
         return np.tile(np.array([-np.inf] + [0.0] * cols), (n, 1))
     device = _device()
-    run = _compiled(_GAUSSIAN_LOG_SUMS, "gaussian_log_sums")
+    run = _compiled(GAUSSIAN_LOG_SUMS, "gaussian_log_sums")
     res = torch.empty((n, 1 + cols), dtype=torch.float64, device=device)
     bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
     with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
@@ -444,7 +208,7 @@ def nearest_block_triton(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index:
     if n == 0 or m == 0:
         return sq, idx
     device = _device()
-    run = _compiled(_NEAREST.replace("PAD", str(PAD_INDEX)), "nearest")
+    run = _compiled(NEAREST.replace("PAD", str(PAD_INDEX)), "nearest")
     sq_t = torch.empty((n, k), dtype=torch.float64, device=device)
     idx_t = torch.empty((n, k), dtype=torch.int64, device=device)
     bn, bm = (64, 64) if interpreting() else (32, 64)
@@ -504,6 +268,31 @@ def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
     return out
 
 
-__all__ = ["NoTritonSource", "grad_matvec_block_triton", "grad_matvec_source", "interpreting",
-           "log_sums_block_triton", "matvec_block_triton", "matvec_source",
-           "nearest_block_triton", "pair_weighted_grads_source", "pair_weighted_grads_triton"]
+def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
+                               w: np.ndarray) -> np.ndarray:
+    """``out[m, j] = Σᵢ w[i, m] ∂kernel(z_m, xᵢ)/∂θ_j`` for z (M, d), x (n, d), w (n, M):
+    the SGPR bound gradient's contraction, the derivative tiles never stored; shape
+    (M, p), float64."""
+    import torch
+    import triton
+
+    z, x = np.ascontiguousarray(z, np.float64), np.ascontiguousarray(x, np.float64)
+    M, n, d, p = len(z), len(x), z.shape[1], kernel.n_dims
+    out = torch.zeros((M, p), dtype=torch.float64, device=_device())
+    if M and n and p:
+        source, params = pair_weighted_grads_source(kernel, d)
+        run = _compiled(source, "pair_weighted_grads")
+        device = _device()
+        bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
+        with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+            run[(triton.cdiv(M, bn),)](
+                _tensor(z, device), _tensor(x, device),
+                _tensor(np.asarray(w, np.float64), device),
+                _tensor(params if len(params) else np.zeros(1), device), out, M, n, D=d,
+                BN=bn, BM=bm, CT=triton.language.float64, num_warps=warps)
+    return out.cpu().numpy()
+
+
+__all__ = ["NoTritonSource", "grad_matvec_block_triton", "interpreting", "log_sums_block_triton",
+           "matvec_block_triton", "matvec_source", "nearest_block_triton",
+           "pair_weighted_grads_triton"]
