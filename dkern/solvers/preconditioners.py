@@ -34,6 +34,11 @@ FACTOR_VALUES_PER_PIVOT = 4
 #: RPCholesky steps of a large rank (block size rank / this): each step costs a pass over X
 #: and a few cluster round trips, so 16 pivots per step took 94 steps at rank 1,500.
 RPCHOLESKY_STEPS = 25
+#: Largest n whose rank-n factor is K itself, from one n × n eigendecomposition on the client
+#: (milliseconds at n = 300, the default rank) instead of RPCholesky steps of several cluster
+#: round trips each (about 10 s at n = 300). The bound keeps the n × n matrix, and the
+#: factor's n² floats that go to the cluster in one graph, small (8 MB at 1,000).
+FULL_FACTOR_MAX_N = 1_000
 
 
 class JacobiPreconditioner:
@@ -117,12 +122,18 @@ class NystromPreconditioner:
         # cannot fit in a worker before anything is submitted, as data_rows does for X.
         check_row_chunks(Xd, "X", per_row=FACTOR_VALUES_PER_PIVOT * rank)
         rng = np.random.default_rng(random_state)
-        if pivots == "uniform":
-            G, W = _uniform_factor(kernel, Xd, rank, rng, backend)
-        else:
-            G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size, backend)
         self.alpha = float(alpha)
-        self.factor, self.core, self.rank, self.scale = _woodbury(G, W, self.alpha)
+        if rank == n and n <= FULL_FACTOR_MAX_N:
+            # every row is a pivot: both pivot rules would end at K itself (up to the
+            # eigenvalue cutoff), which one eigendecomposition of K gives directly
+            pivots = "all rows (K itself)"
+            self.factor, self.core, self.rank, self.scale = _full_factor(kernel, Xd, self.alpha)
+        else:
+            if pivots == "uniform":
+                G, W = _uniform_factor(kernel, Xd, rank, rng, backend)
+            else:
+                G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size, backend)
+            self.factor, self.core, self.rank, self.scale = _woodbury(G, W, self.alpha)
         # sent to the cluster once: every apply's graph then names it instead of carrying
         # its r² floats (a large graph per CG iteration at ranks in the thousands)
         (self._core_blocks,) = dask.persist(da.from_array(self.core, chunks=self.core.shape))
@@ -215,6 +226,35 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     return F, np.eye(F.shape[1])
 
 
+def _full_factor(kernel: Kernel, Xd: da.Array, alpha: float
+                 ) -> tuple[da.Array, np.ndarray, int, float]:
+    """What :func:`_woodbury` returns, for the factor ``F Fᵀ = K`` of every row (n small).
+
+    K (n × n) is formed on the client from the gathered rows and ``K = U Λ Uᵀ``: U's
+    columns of the eigenvalues above the cutoff are already orthonormal, so they are the
+    factor Q, and V = I in ``P⁻¹ = I + Q C Qᵀ``. The columns go largest eigenvalue first,
+    as RPCholesky's go in pivot order: a caller that keeps the first r columns (the
+    Lanczos posterior) keeps the r that matter most.
+    """
+    (Xn,) = dask.compute(Xd.astype(np.float64))
+    # k(X, Z) with Z = X: the blocks' values, which hold no White noise (k(X) would add it)
+    lam, U = np.linalg.eigh(np.asarray(kernel(Xn, Xn), dtype=np.float64))
+    lam, U = lam[::-1], U[:, ::-1]
+    keep = lam > EIG_CUTOFF * max(lam[0], 0.0)
+    (Q,) = dask.persist(da.from_array(np.ascontiguousarray(U[:, keep]),
+                                      chunks=(Xd.chunks[0], -1)))
+    core, scale = _core(lam[keep], np.eye(int(keep.sum())), alpha)
+    return Q, core, int(keep.sum()), scale
+
+
+def _core(lam: np.ndarray, V: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+    """C (k, k) with ``P⁻¹ = I + (Q V) diag(shrink) (Q V)ᵀ`` for the kept eigenvalues lam
+    of ``F Fᵀ`` (eigenvectors Q V), and the scale ``λ_min + alpha``."""
+    scale = (lam.min() if len(lam) else 0.0) + alpha
+    shrink = scale / (lam + alpha) - 1.0  # in (-1, 0]: P⁻¹ on U
+    return (V * shrink) @ V.T, float(scale)
+
+
 def _woodbury(G: da.Array, W: np.ndarray, alpha: float
               ) -> tuple[da.Array, np.ndarray, int, float]:
     """Q (n, k; persisted, orthonormal), C (k, k) with ``P⁻¹ = I + Q C Qᵀ`` (FTU eq. 5.3),
@@ -231,10 +271,8 @@ def _woodbury(G: da.Array, W: np.ndarray, alpha: float
     R = np.asarray(R.compute() if isinstance(R, da.Array) else R)
     lam, V = np.linalg.eigh(R @ R.T)  # F Fᵀ = Q V Λ Vᵀ Qᵀ
     keep = lam > EIG_CUTOFF * max(lam.max(), 0.0)
-    lam, V = lam[keep], V[:, keep]
-    scale = (lam.min() if keep.any() else 0.0) + alpha
-    shrink = scale / (lam + alpha) - 1.0
-    return Q, (V * shrink) @ V.T, int(keep.sum()), float(scale)  # shrink in (-1, 0]: P⁻¹ on U
+    core, scale = _core(lam[keep], V[:, keep], alpha)
+    return Q, core, int(keep.sum()), scale
 
 
 class FalkonPreconditioner:
