@@ -233,6 +233,20 @@ def test_a_rank_n_preconditioner_is_k_itself(pivots, caplog):
     assert fast.n_iter <= 3  # measured 2: P⁻¹ A has two eigenvalue clusters, alpha and scale
 
 
+def test_rows_drawn_with_their_data_are_the_rows_sample_rows_draws():
+    """RPCholesky's one-round-trip draw: from the same generator state, the distinct
+    sorted rows of ``sample_rows`` and X's and F's rows there, over several chunks."""
+    from dkern.solvers.sampling import sample_distinct_rows_of, sample_rows
+
+    w = da.from_array(RNG.uniform(size=N) ** 4, chunks=50)
+    Xd, F = da.from_array(X, chunks=(50, 2)), da.from_array(B8, chunks=(50, 8))
+    want = np.unique(sample_rows(w, 30, np.random.default_rng(5)))
+    S, (Z, FS) = sample_distinct_rows_of(w, 30, np.random.default_rng(5), [Xd, F])
+    np.testing.assert_array_equal(S, want)
+    np.testing.assert_array_equal(Z, X[want])
+    np.testing.assert_array_equal(FS, B8[want])
+
+
 def test_float32_reports_true_residual():
     res = cg(operator(dtype=np.float32), B8[:, :2], tol=1e-4, max_iter=200)
     x = res.x.compute().astype(np.float64)

@@ -20,7 +20,7 @@ from ..kernels import Kernel
 from ..operators import data_rows, gram, pairwise_map
 from ..operators.memory import check_row_chunks
 from ._checks import integer, positive_number
-from .sampling import chunk_sums, gather_rows, sample_rows
+from .sampling import chunk_sums, gather_rows, sample_distinct_rows_of
 
 logger = logging.getLogger(__name__)
 
@@ -207,11 +207,13 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     ∝ the residual diagonal d, form ``G = K(:, S) − F F[S]ᵀ``, factor ``G[S]``, append.
     """
     (d,) = dask.persist(gram(kernel, Xd, backend=backend, dtype=np.float64).diag())
-    initial = chunk_sums(d).sum()
+    sums = chunk_sums(d)
+    initial = sums.sum()
     F = da.zeros((Xd.shape[0], 0), chunks=(Xd.chunks[0], 0))
     while F.shape[1] < rank:
-        S = np.unique(sample_rows(d, min(block_size, rank - F.shape[1]), rng))  # Alg. 3 line 3
-        Z, FS = dask.compute(Xd[S], F[S])  # S is sorted: only the chunks holding it are read
+        # Alg. 3 line 3; the pivots' rows of X and F come back in the same round trip
+        S, (Z, FS) = sample_distinct_rows_of(d, min(block_size, rank - F.shape[1]), rng,
+                                             [Xd, F], sums)
         G = kernel_columns(kernel, Xd, Z, backend=backend)  # line 4: G = K(:, S) - F F[S]ᵀ
         if F.shape[1]:
             G = G - da.dot(F, da.from_array(FS.T))
@@ -221,7 +223,8 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
         F = da.concatenate([F, Fnew], axis=1).rechunk((Xd.chunks[0], -1))
         d = da.maximum(d - (Fnew**2).sum(axis=1), 0.0)  # line 6: residual diagonal
         F, d = dask.persist(F, d)
-        if chunk_sums(d).sum() <= 1e-12 * initial:  # K is captured: stop early
+        sums = chunk_sums(d)  # also the next step's sampling weights per chunk
+        if sums.sum() <= 1e-12 * initial:  # K is captured: stop early
             break
     return F, np.eye(F.shape[1])
 
