@@ -104,8 +104,9 @@ def sample_distinct_rows_of(weights: da.Array, size: int, rng: np.random.Generat
     S : ndarray of int, shape (k,)
     rows : list of ndarray, one (k, ·) per array
     """
-    tasks = [dask.delayed(pick_and_take_block, nout=1 + len(arrays), pure=True)(
-        weights.blocks[c], *(A.blocks[c] for A in arrays), u=u, offset=offset)
+    tasks = [dask.delayed(pick_and_take_block, nout=1 + len(arrays))(
+        weights.blocks[c], *(A.blocks[c] for A in arrays), u=u, offset=offset,
+        dask_key_name=f"dk-draw-take-{tokenize(weights.name, *(A.name for A in arrays), c, u)}")
         for c, u, offset in _draws(weights, size, rng, sums)]
     parts = dask.compute(*tasks)
     picked = np.concatenate([p[0] for p in parts]).astype(np.int64)
