@@ -40,9 +40,12 @@ def fresh_info(tmp_path_factory):
     import contextlib
     import io
 
-    from dkern.backends.select import gpu_visible, keops_status
+    # imported here first, so this process keeps its own KeOps cache folder (gpu_visible()
+    # no longer imports pykeops where no CUDA driver library is found)
+    import pykeops.config  # noqa: F401
 
-    gpu_visible()  # imports pykeops here first: this process keeps its own KeOps cache folder
+    from dkern.backends.select import keops_status
+
     cache = tmp_path_factory.mktemp("keops-cache")
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):

@@ -1,5 +1,6 @@
 """Block CG and its preconditioners against dense scipy solves."""
 
+import logging
 import warnings
 
 import dask
@@ -206,6 +207,44 @@ def test_nystrom_preconditioner_cuts_iterations(pivots):
     assert kappa_pre * 100 < kappa
     bound = chebyshev_iterations(kappa_pre, kappa, 1e-8)
     assert fast.n_iter <= bound < chebyshev_iterations(kappa, kappa, 1e-8) / 10
+
+
+@pytest.mark.parametrize("pivots", ["uniform", "rpcholesky"])
+def test_a_rank_n_preconditioner_is_k_itself(pivots, caplog):
+    """At rank = n (small n) every row is a pivot, and the factor is K's eigenbasis from one
+    dense eigendecomposition instead of n / 16 RPCholesky steps: it is orthonormal, spans
+    K's eigenvalues above the cutoff, P⁻¹ (K + αI) is the scale on it, and PCG needs a few
+    steps."""
+    alpha, b = 1e-3, B8[:, 0]
+    with caplog.at_level(logging.INFO, logger="dkern.solvers.preconditioners"):
+        pre = NystromPreconditioner(KERNEL, X, alpha, rank=N, pivots=pivots, random_state=0)
+    assert "all rows (K itself) pivots" in caplog.text
+    K = KERNEL(X, X)
+    lam = np.linalg.eigvalsh(K)
+    assert pre.rank == (lam > 1e-10 * lam[-1]).sum()
+    Q = pre.factor.compute()
+    np.testing.assert_allclose(Q.T @ Q, np.eye(pre.rank), atol=1e-12)
+    A = K + alpha * np.eye(N)
+    Pinv = np.eye(N) + Q @ pre.core @ Q.T
+    np.testing.assert_allclose(Q.T @ Pinv @ A @ Q / pre.scale, np.eye(pre.rank), atol=1e-8)
+    assert np.linalg.eigvalsh(Pinv).min() > 0  # P⁻¹ is SPD
+    fast = cg(operator(alpha), b, tol=1e-8, preconditioner=pre)
+    assert rel_err(fast.x.compute(), sla.solve(A, b)) < 1e-5
+    assert fast.n_iter <= 3  # measured 2: P⁻¹ A has two eigenvalue clusters, alpha and scale
+
+
+def test_rows_drawn_with_their_data_are_the_rows_sample_rows_draws():
+    """RPCholesky's one-round-trip draw: from the same generator state, the distinct
+    sorted rows of ``sample_rows`` and X's and F's rows there, over several chunks."""
+    from dkern.solvers.sampling import sample_distinct_rows_of, sample_rows
+
+    w = da.from_array(RNG.uniform(size=N) ** 4, chunks=50)
+    Xd, F = da.from_array(X, chunks=(50, 2)), da.from_array(B8, chunks=(50, 8))
+    want = np.unique(sample_rows(w, 30, np.random.default_rng(5)))
+    S, (Z, FS) = sample_distinct_rows_of(w, 30, np.random.default_rng(5), [Xd, F])
+    np.testing.assert_array_equal(S, want)
+    np.testing.assert_array_equal(Z, X[want])
+    np.testing.assert_array_equal(FS, B8[want])
 
 
 def test_float32_reports_true_residual():

@@ -117,6 +117,11 @@ def nvrtc_preload() -> str | None:
 @functools.lru_cache(maxsize=1)
 def gpu_visible() -> bool:
     """True when pykeops sees a CUDA GPU."""
+    # KeOps takes a GPU only where it finds the CUDA driver library (keopscore's
+    # cuda_config.set_use_cuda): without one the answer is known without importing
+    # pykeops, which imports torch (3-7 s in every process that resolves "auto")
+    if ctypes.util.find_library("cuda") is None:
+        return False
     try:
         import pykeops.config
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dask.array as da
+import numpy as np
 
 from .base import Operator
 
@@ -40,4 +41,19 @@ class IdentityPlusScaled(Operator):
         return True
 
     def _matvec(self, V: da.Array) -> da.Array:
-        return V + self.d * self.base._matvec(self.d * V)
+        KdV = self.base._matvec(self.d * V)
+        if len(V.chunks[1]) != 1 or len(KdV.chunks[1]) != 1:
+            return V + self.d * KdV
+        # one layer instead of two elementwise ones, its meta given: a CG step builds this
+        # graph every iteration, and dask's metadata inference cost more than small blocks.
+        # d, (n, 1) or (n, t), enters through its own column index (one chunk) and
+        # broadcasts in the block as it did in dask's layers.
+        dtype = np.result_type(V.dtype, self.d.dtype, KdV.dtype)
+        return da.blockwise(_plus_scaled_block, "ij", V, "ij", self.d, "ik", KdV, "ij",
+                            concatenate=True, dtype=dtype, meta=np.empty((0, 0), dtype),
+                            token="dk-scale")
+
+
+def _plus_scaled_block(v: np.ndarray, d: np.ndarray, kdv: np.ndarray) -> np.ndarray:
+    """One task: ``v + d ⊙ K(d ⊙ v)`` for a block of rows (d broadcast over columns)."""
+    return v + d * kdv

@@ -30,7 +30,14 @@ class ShiftedOperator(Operator):
         return True
 
     def _matvec(self, V: da.Array) -> da.Array:
-        return self.base._matvec(V) + self.alpha * V
+        KV = self.base._matvec(V)
+        if len(KV.chunks[1]) != 1 or len(V.chunks[1]) != 1:
+            return KV + self.alpha * V
+        # one layer instead of two elementwise ones, its meta given: a CG step builds this
+        # graph every iteration, and dask's metadata inference cost more than small blocks
+        dtype = (np.empty(0, KV.dtype) + self.alpha * np.empty(0, V.dtype)).dtype
+        return da.blockwise(_shift_block, "ij", KV, "ij", V, "ij", alpha=self.alpha,
+                            dtype=dtype, meta=np.empty((0, 0), dtype), token="dk-shift")
 
     def diag(self) -> da.Array:
         """The diagonal ``diag(base) + alpha``; shape (n,)."""
@@ -46,3 +53,9 @@ class ShiftedOperator(Operator):
         return ShiftedOperator(self.base, self.alpha + float(alpha))
 
     __radd__ = __add__
+
+
+def _shift_block(kv: np.ndarray, v: np.ndarray, *, alpha: float) -> np.ndarray:
+    """One task: ``K v + alpha v`` for a block of rows, as the two elementwise layers
+    compute it."""
+    return kv + alpha * v

@@ -115,6 +115,12 @@ def _dots(pairs: list[tuple[Vectors, Vectors]]) -> list[Vectors]:
     """
     if not isinstance(pairs[0][0], da.Array):
         return [(a * b).sum(axis=0, dtype=np.float64) for a, b in pairs]
+    total = _stacked_dots(pairs)
+    return [total[k] for k in range(len(pairs))]
+
+
+def _stacked_dots(pairs: list[tuple[da.Array, da.Array]]) -> da.Array:
+    """The inner products of :func:`_dots` as one lazy (p, t) array (dask vectors)."""
     vectors = list({id(v): v for pair in pairs for v in pair}.values())
     where = {id(v): i for i, v in enumerate(vectors)}
     index = tuple((where[id(a)], where[id(b)]) for a, b in pairs)
@@ -122,14 +128,33 @@ def _dots(pairs: list[tuple[Vectors, Vectors]]) -> list[Vectors]:
     partial = da.blockwise(_dots_block, "ipj", *args, index=index, new_axes={"p": len(pairs)},
                            adjust_chunks={"i": 1}, dtype=np.float64,
                            meta=np.empty((0, 0, 0)), token="dk-cg-dots")
-    total = partial.sum(axis=0)
-    return [total[k] for k in range(len(pairs))]
+    return partial.sum(axis=0)
 
 
 def _dots_block(*blocks: np.ndarray, index: tuple[tuple[int, int], ...]) -> np.ndarray:
     """The (1, p, t) partial inner products of one row chunk, summed as ``_dot`` would."""
     return np.stack([(blocks[a] * blocks[b]).sum(axis=0, dtype=np.float64)
                      for a, b in index])[None]
+
+
+def _axpy(Y: Vectors, V: Vectors, a: np.ndarray, *, minus: bool = False) -> Vectors:
+    """``Y + V a`` (``Y − V a`` with ``minus``) for a per-column (t,) a; shape (n, t).
+
+    With dask vectors whose columns are one chunk: one blockwise layer, each block
+    computed as dask's two elementwise layers compute it (the same floats), built without
+    dask's metadata inference, which made most of a small solve's graph-building time.
+    """
+    if not (isinstance(Y, da.Array) and isinstance(V, da.Array)
+            and len(Y.chunks[1]) == 1 and len(V.chunks[1]) == 1):
+        return Y - V * a if minus else Y + V * a
+    dtype = np.result_type(Y.dtype, V.dtype, a.dtype)
+    return da.blockwise(_axpy_block, "ij", Y, "ij", V, "ij", a=a, minus=minus, dtype=dtype,
+                        meta=np.empty((0, 0), dtype), token="dk-cg-axpy")
+
+
+def _axpy_block(y: np.ndarray, v: np.ndarray, *, a: np.ndarray, minus: bool) -> np.ndarray:
+    """One task: ``y ± v a`` for a block of rows."""
+    return y - v * a if minus else y + v * a
 
 
 def _check_finite(values: Scalars, k: int) -> None:
@@ -271,8 +296,13 @@ class _LoopState:
         """Every inner product of the iteration, in one ``dask.compute``."""
         R, P, S = self.R, self.P, self.S
         pairs = [(R, R), (R, U), (U, W)] + ([(U, S), (P, S), (R, P)] if P is not None else [])
-        lazy = _dots(pairs) + [0 * self.bnorm] * (6 - len(pairs))
-        s = Scalars(*(np.asarray(v, dtype=np.float64) for v in dask.compute(*lazy)))
+        if isinstance(R, da.Array):  # one (p, t) array: no graph layer per inner product
+            (stacked,) = dask.compute(_stacked_dots(pairs))
+            values = list(stacked)
+        else:
+            values = _dots(pairs)
+        values += [0 * self.bnorm] * (6 - len(pairs))
+        s = Scalars(*(np.asarray(v, dtype=np.float64) for v in values))
         _check_finite(s, self.k)
         return s
 
@@ -291,8 +321,8 @@ class _LoopState:
         """New direction ``p' = u + βp``, ``s' = w + βs`` and the step along it."""
         beta, pAp = _direction_step(s, self.gamma_old, ~self.was_active, active)
         dtype = self.R.dtype
-        P = U if self.P is None else U + self.P * beta.astype(dtype)
-        S = W if self.S is None else W + self.S * beta.astype(dtype)
+        P = U if self.P is None else _axpy(U, self.P, beta.astype(dtype))
+        S = W if self.S is None else _axpy(W, self.S, beta.astype(dtype))
         if (active & (pAp <= TRUST[np.dtype(dtype)] * s.delta)).any():
             # the fused p'ᵀAp' cancelled below the vectors' precision: take it directly
             P, S = dask.persist(P, S)
@@ -302,7 +332,7 @@ class _LoopState:
             if self.k == 0:
                 self.gamma0 = s.gamma.copy()
             self.steps.append((alpha.astype(np.float64), beta))
-        X, R = self.X + P * alpha, self.R - S * alpha
+        X, R = _axpy(self.X, P, alpha), _axpy(self.R, S, alpha, minus=True)
         self.X, self.R, self.P, self.S = dask.persist(X, R, P, S)
         self.gamma_old = np.where(active, s.gamma, self.gamma_old)
         self.was_active = active

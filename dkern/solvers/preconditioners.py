@@ -20,7 +20,7 @@ from ..kernels import Kernel
 from ..operators import data_rows, gram, pairwise_map
 from ..operators.memory import check_row_chunks
 from ._checks import integer, positive_number
-from .sampling import chunk_sums, gather_rows, sample_rows
+from .sampling import chunk_sums, gather_rows, sample_distinct_rows_of
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,11 @@ FACTOR_VALUES_PER_PIVOT = 4
 #: RPCholesky steps of a large rank (block size rank / this): each step costs a pass over X
 #: and a few cluster round trips, so 16 pivots per step took 94 steps at rank 1,500.
 RPCHOLESKY_STEPS = 25
+#: Largest n whose rank-n factor is K itself, from one n × n eigendecomposition on the client
+#: (milliseconds at n = 300, the default rank) instead of RPCholesky steps of several cluster
+#: round trips each (about 10 s at n = 300). The bound keeps the n × n matrix, and the
+#: factor's n² floats that go to the cluster in one graph, small (8 MB at 1,000).
+FULL_FACTOR_MAX_N = 1_000
 
 
 class JacobiPreconditioner:
@@ -117,12 +122,18 @@ class NystromPreconditioner:
         # cannot fit in a worker before anything is submitted, as data_rows does for X.
         check_row_chunks(Xd, "X", per_row=FACTOR_VALUES_PER_PIVOT * rank)
         rng = np.random.default_rng(random_state)
-        if pivots == "uniform":
-            G, W = _uniform_factor(kernel, Xd, rank, rng, backend)
-        else:
-            G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size, backend)
         self.alpha = float(alpha)
-        self.factor, self.core, self.rank, self.scale = _woodbury(G, W, self.alpha)
+        if rank == n and n <= FULL_FACTOR_MAX_N:
+            # every row is a pivot: both pivot rules would end at K itself (up to the
+            # eigenvalue cutoff), which one eigendecomposition of K gives directly
+            pivots = "all rows (K itself)"
+            self.factor, self.core, self.rank, self.scale = _full_factor(kernel, Xd, self.alpha)
+        else:
+            if pivots == "uniform":
+                G, W = _uniform_factor(kernel, Xd, rank, rng, backend)
+            else:
+                G, W = _rpcholesky_factor(kernel, Xd, rank, rng, block_size, backend)
+            self.factor, self.core, self.rank, self.scale = _woodbury(G, W, self.alpha)
         # sent to the cluster once: every apply's graph then names it instead of carrying
         # its r² floats (a large graph per CG iteration at ranks in the thousands)
         (self._core_blocks,) = dask.persist(da.from_array(self.core, chunks=self.core.shape))
@@ -196,11 +207,13 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
     ∝ the residual diagonal d, form ``G = K(:, S) − F F[S]ᵀ``, factor ``G[S]``, append.
     """
     (d,) = dask.persist(gram(kernel, Xd, backend=backend, dtype=np.float64).diag())
-    initial = chunk_sums(d).sum()
+    sums = chunk_sums(d)
+    initial = sums.sum()
     F = da.zeros((Xd.shape[0], 0), chunks=(Xd.chunks[0], 0))
     while F.shape[1] < rank:
-        S = np.unique(sample_rows(d, min(block_size, rank - F.shape[1]), rng))  # Alg. 3 line 3
-        Z, FS = dask.compute(Xd[S], F[S])  # S is sorted: only the chunks holding it are read
+        # Alg. 3 line 3; the pivots' rows of X and F come back in the same round trip
+        S, (Z, FS) = sample_distinct_rows_of(d, min(block_size, rank - F.shape[1]), rng,
+                                             [Xd, F], sums)
         G = kernel_columns(kernel, Xd, Z, backend=backend)  # line 4: G = K(:, S) - F F[S]ᵀ
         if F.shape[1]:
             G = G - da.dot(F, da.from_array(FS.T))
@@ -210,9 +223,39 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
         F = da.concatenate([F, Fnew], axis=1).rechunk((Xd.chunks[0], -1))
         d = da.maximum(d - (Fnew**2).sum(axis=1), 0.0)  # line 6: residual diagonal
         F, d = dask.persist(F, d)
-        if chunk_sums(d).sum() <= 1e-12 * initial:  # K is captured: stop early
+        sums = chunk_sums(d)  # also the next step's sampling weights per chunk
+        if sums.sum() <= 1e-12 * initial:  # K is captured: stop early
             break
     return F, np.eye(F.shape[1])
+
+
+def _full_factor(kernel: Kernel, Xd: da.Array, alpha: float
+                 ) -> tuple[da.Array, np.ndarray, int, float]:
+    """What :func:`_woodbury` returns, for the factor ``F Fᵀ = K`` of every row (n small).
+
+    K (n × n) is formed on the client from the gathered rows and ``K = U Λ Uᵀ``: U's
+    columns of the eigenvalues above the cutoff are already orthonormal, so they are the
+    factor Q, and V = I in ``P⁻¹ = I + Q C Qᵀ``. The columns go largest eigenvalue first,
+    as RPCholesky's go in pivot order: a caller that keeps the first r columns (the
+    Lanczos posterior) keeps the r that matter most.
+    """
+    (Xn,) = dask.compute(Xd.astype(np.float64))
+    # k(X, Z) with Z = X: the blocks' values, which hold no White noise (k(X) would add it)
+    lam, U = np.linalg.eigh(np.asarray(kernel(Xn, Xn), dtype=np.float64))
+    lam, U = lam[::-1], U[:, ::-1]
+    keep = lam > EIG_CUTOFF * max(lam[0], 0.0)
+    (Q,) = dask.persist(da.from_array(np.ascontiguousarray(U[:, keep]),
+                                      chunks=(Xd.chunks[0], -1)))
+    core, scale = _core(lam[keep], np.eye(int(keep.sum())), alpha)
+    return Q, core, int(keep.sum()), scale
+
+
+def _core(lam: np.ndarray, V: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+    """C (k, k) with ``P⁻¹ = I + (Q V) diag(shrink) (Q V)ᵀ`` for the kept eigenvalues lam
+    of ``F Fᵀ`` (eigenvectors Q V), and the scale ``λ_min + alpha``."""
+    scale = (lam.min() if len(lam) else 0.0) + alpha
+    shrink = scale / (lam + alpha) - 1.0  # in (-1, 0]: P⁻¹ on U
+    return (V * shrink) @ V.T, float(scale)
 
 
 def _woodbury(G: da.Array, W: np.ndarray, alpha: float
@@ -231,10 +274,8 @@ def _woodbury(G: da.Array, W: np.ndarray, alpha: float
     R = np.asarray(R.compute() if isinstance(R, da.Array) else R)
     lam, V = np.linalg.eigh(R @ R.T)  # F Fᵀ = Q V Λ Vᵀ Qᵀ
     keep = lam > EIG_CUTOFF * max(lam.max(), 0.0)
-    lam, V = lam[keep], V[:, keep]
-    scale = (lam.min() if keep.any() else 0.0) + alpha
-    shrink = scale / (lam + alpha) - 1.0
-    return Q, (V * shrink) @ V.T, int(keep.sum()), float(scale)  # shrink in (-1, 0]: P⁻¹ on U
+    core, scale = _core(lam[keep], V[:, keep], alpha)
+    return Q, core, int(keep.sum()), scale
 
 
 class FalkonPreconditioner:

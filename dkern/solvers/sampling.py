@@ -52,6 +52,18 @@ def sample_rows(weights: da.Array, size: int, rng: np.random.Generator,
     -------
     ndarray of int, shape (size,)
     """
+    picks = []
+    for c, u, offset in _draws(weights, size, rng, sums):
+        picks.append(da.map_blocks(
+            pick_in_chunk_block, weights.blocks[c], chunks=(len(u),), dtype=np.int64, u=u,
+            name=f"dk-draw-pick-{tokenize(weights.name, c, u)}") + offset)
+    return np.concatenate(dask.compute(*picks)).astype(np.int64)
+
+
+def _draws(weights: da.Array, size: int, rng: np.random.Generator,
+           sums: np.ndarray | None) -> list[tuple[int, np.ndarray, int]]:
+    """The chunks that get samples: (chunk, its uniforms, its first row) each, drawn on the
+    client from the per-chunk sums."""
     sums = chunk_sums(weights) if sums is None else sums
     total = sums.sum()
     if not total > 0:
@@ -59,13 +71,48 @@ def sample_rows(weights: da.Array, size: int, rng: np.random.Generator,
                          "leverage scores vanished); use fewer pivots or centres.")
     counts = rng.multinomial(size, sums / total)
     offsets = np.concatenate([[0], np.cumsum(weights.chunks[0])])
-    picks = []
-    for c in np.flatnonzero(counts):
-        u = rng.random(counts[c])
-        picks.append(da.map_blocks(
-            pick_in_chunk_block, weights.blocks[c], chunks=(len(u),), dtype=np.int64, u=u,
-            name=f"dk-draw-pick-{tokenize(weights.name, c, u)}") + offsets[c])
-    return np.concatenate(dask.compute(*picks)).astype(np.int64)
+    return [(int(c), rng.random(counts[c]), int(offsets[c])) for c in np.flatnonzero(counts)]
+
+
+def pick_and_take_block(w: np.ndarray, *blocks: np.ndarray, u: np.ndarray, offset: int
+                        ) -> tuple[np.ndarray, ...]:
+    """One task: the rows a weight chunk gives at the uniforms u (as global indices), and
+    those rows of each block of the same row chunk."""
+    local = pick_in_chunk_block(w, u=u)
+    return (local + offset, *(b[local] for b in blocks))
+
+
+def sample_distinct_rows_of(weights: da.Array, size: int, rng: np.random.Generator,
+                            arrays: list[da.Array], sums: np.ndarray | None = None
+                            ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The distinct sorted rows S of ``size`` draws as :func:`sample_rows` makes them (the
+    same S from the same rng), and ``A[S]`` of each array, in one round trip: each
+    chosen chunk's task picks its rows and takes them from the arrays' blocks there.
+
+    Parameters
+    ----------
+    weights : dask.array.Array of shape (n,)
+    size : int
+    rng : numpy.random.Generator
+    arrays : list of dask.array.Array of shape (n, ·)
+        Chunked along rows like ``weights``.
+    sums : ndarray of shape (n_chunks,), optional
+        ``chunk_sums(weights)`` when the caller already has them.
+
+    Returns
+    -------
+    S : ndarray of int, shape (k,)
+    rows : list of ndarray, one (k, ·) per array
+    """
+    tasks = [dask.delayed(pick_and_take_block, nout=1 + len(arrays))(
+        weights.blocks[c], *(A.blocks[c] for A in arrays), u=u, offset=offset,
+        dask_key_name=f"dk-draw-take-{tokenize(weights.name, *(A.name for A in arrays), c, u)}")
+        for c, u, offset in _draws(weights, size, rng, sums)]
+    parts = dask.compute(*tasks)
+    picked = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    S, first = np.unique(picked, return_index=True)
+    rows = [np.concatenate([p[1 + i] for p in parts])[first] for i in range(len(arrays))]
+    return S, rows
 
 
 def sample_distinct(weights: da.Array, size: int, rng: np.random.Generator) -> np.ndarray:
