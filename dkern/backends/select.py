@@ -183,6 +183,12 @@ def backend_statuses() -> list[BackendStatus]:
                           f"{fastexp.status()}"), keops_status(), triton_status()]
 
 
+#: The GPU-capable backends a caller may name: their check (looked up when called, so a
+#: replaced check is the one used), and what its failure means.
+_REQUESTED = {"keops": (lambda: keops_status(), "KeOps does not work here"),
+              "triton": (lambda: triton_status(), "Triton cannot run here")}
+
+
 def resolve_backend(backend: str) -> str:
     """The concrete backend (``"numpy"``, ``"keops"`` or ``"triton"``) for a requested one.
 
@@ -195,18 +201,11 @@ def resolve_backend(backend: str) -> str:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
     if backend == "numpy":
         return backend
-    if backend == "keops":
-        status = keops_status()
-        if not status.available:
+    if backend in _REQUESTED:
+        check, failure = _REQUESTED[backend]
+        if not (status := check()).available:
             raise BackendUnavailableError(
-                f"backend='keops' was requested but KeOps does not work here ({status.detail}). "
-                "Use backend='numpy' or 'auto', and see `dkern info`.")
-        return backend
-    if backend == "triton":
-        status = triton_status()
-        if not status.available:
-            raise BackendUnavailableError(
-                f"backend='triton' was requested but Triton cannot run here ({status.detail}). "
+                f"backend={backend!r} was requested but {failure} ({status.detail}). "
                 "Use backend='numpy' or 'auto', and see `dkern info`.")
         return backend
     if not gpu_visible():
