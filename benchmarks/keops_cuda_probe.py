@@ -465,30 +465,18 @@ def child_libversions(cfg):
     from ctypes import byref, c_int
 
     res = {}
-    for path in cfg.get("nvrtc", []):
-        try:
-            lib = ctypes.CDLL(path)
-            a, b = c_int(), c_int()
-            lib.nvrtcVersion(byref(a), byref(b))
-            res[path] = f"nvrtc {a.value}.{b.value}"
-        except Exception as e:
-            res[path] = repr(e)
-    for path in cfg.get("cudart", []):
-        try:
-            lib = ctypes.CDLL(path)
-            v = c_int()
-            lib.cudaRuntimeGetVersion(byref(v))
-            res[path] = f"cudart {v.value}"
-        except Exception as e:
-            res[path] = repr(e)
-    for path in cfg.get("cuda", []):
-        try:
-            lib = ctypes.CDLL(path)
-            v = c_int()
-            lib.cuDriverGetVersion(byref(v))
-            res[path] = f"driver API {v.value}"
-        except Exception as e:
-            res[path] = repr(e)
+    # (library kind, its version function, how to name the version it reports)
+    probes = [("nvrtc", "nvrtcVersion", 2, "nvrtc {}.{}"),
+              ("cudart", "cudaRuntimeGetVersion", 1, "cudart {}"),
+              ("cuda", "cuDriverGetVersion", 1, "driver API {}")]
+    for kind, function, outputs, label in probes:
+        for path in cfg.get(kind, []):
+            try:
+                values = [c_int() for _ in range(outputs)]
+                getattr(ctypes.CDLL(path), function)(*(byref(v) for v in values))
+                res[path] = label.format(*(v.value for v in values))
+            except Exception as e:
+                res[path] = repr(e)
     print("PROBE_RESULT " + json.dumps(res), flush=True)
     return 0
 

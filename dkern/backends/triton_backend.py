@@ -278,11 +278,11 @@ def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
 
     z, x = np.ascontiguousarray(z, np.float64), np.ascontiguousarray(x, np.float64)
     M, n, d, p = len(z), len(x), z.shape[1], kernel.n_dims
-    out = torch.zeros((M, p), dtype=torch.float64, device=_device())
+    device = _device()
+    out = torch.zeros((M, p), dtype=torch.float64, device=device)
     if M and n and p:
         source, params = pair_weighted_grads_source(kernel, d)
         run = _compiled(source, "pair_weighted_grads")
-        device = _device()
         bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
         with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
             run[(triton.cdiv(M, bn),)](
