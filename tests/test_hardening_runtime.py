@@ -17,7 +17,7 @@ from dkern.io.synthetic import WRITE_FACTOR, WRITE_OVERHEAD
 from dkern.kernels import Gaussian
 from dkern.models import KernelRidge
 from dkern.runtime import NotASchedulerError, connect
-from dkern.runtime.resources import scheduler_workers, task_budget
+from dkern.runtime.resources import PAUSE_FRACTION, scheduler_workers, task_budget
 
 #: How long a test waits for connect() to give up: SILENCE_SECONDS (10 s) and a margin.
 CONNECT_BOUND_S = 15.0
@@ -188,7 +188,7 @@ def test_connect_reaches_a_real_scheduler_and_refuses_its_dashboard(record_figur
     record_figures("connect_not_a_scheduler", dashboard_error_s=round(elapsed, 2))
 
 
-def _limited(memory_limit: str):
+def _limited(memory_limit: str | int):
     """connect() to one single-threaded worker process limited to ``memory_limit``."""
     return connect(n_workers=1, memory_limit=memory_limit, silence_logs=logging.CRITICAL)
 
@@ -202,14 +202,16 @@ def _transitions(client) -> int:
 def test_work_that_would_pause_the_workers_is_refused_before_submitting(tmp_path,
                                                                       record_figures):
     """The issue's data step (200,000 x 8 in 50,000-row chunks) and a Nystrom KRR fit on it,
-    on a worker whose pause threshold lies 16 MiB above what it holds idle (250 MB here; on
-    a machine whose idle worker holds 215 MiB, the README's 300 MB is such a worker). Before:
-    the pre-check assumed ~150 MB of worker process, let both run, and the worker paused
-    for good (a hang)."""
+    on a worker whose pause threshold lies 16 MiB above what it holds idle (the limit is
+    derived from an idle worker measured first; on a machine whose idle worker held 215 MiB,
+    the README's 300 MB was such a worker). Before: the pre-check assumed ~150 MB of worker
+    process, let both run, and the worker paused for good (a hang)."""
     url = str(tmp_path / "s.zarr")
     with dask.config.set(scheduler="synchronous"):  # the fit's input, written here
         make_regression_store(url, 200_000, 8, chunk_rows=50_000)
-    with _limited("250MB") as client:
+    with _limited("1GB"):
+        idle = task_budget(scheduler_workers()).used
+    with _limited(int((idle + 16 * 2**20) / PAUSE_FRACTION)) as client:
         budget = task_budget(scheduler_workers())
         before = _transitions(client)
         write = lambda: make_regression_store(tmp_path / "w.zarr", 200_000, 8,  # noqa: E731
@@ -224,7 +226,8 @@ def test_work_that_would_pause_the_workers_is_refused_before_submitting(tmp_path
         assert "Nothing was submitted" in str(error)
         assert _transitions(client) == before, "tasks were submitted before the refusal"
     record_figures("memory_precheck", idle_worker_mib=round(budget.used / 2**20, 1),
-                   limit_250mb_task_room_mb=round(budget.budget / 1e6, 1),
+                   limit_mb=round(budget.limit / 1e6, 1),
+                   task_room_mb=round(budget.budget / 1e6, 1),
                    write_refused_s=round(write_s, 2), fit_refused_s=round(fit_s, 2))
 
 

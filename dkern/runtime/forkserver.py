@@ -1,0 +1,51 @@
+"""Worker processes forked from one server that imported dkern once.
+
+A spawned worker process imports numpy, scipy, dask, distributed, zarr and dkern before it
+runs its first task: seconds of CPU per worker, paid again by every embedded cluster (each
+``dkern`` command starts one). With multiprocessing's ``forkserver`` start method one server
+process imports them once and every worker is a fork of it. The server is started while
+dkern's worker environment (``pre-spawn-environ``: malloc thresholds, one BLAS thread) is in
+``os.environ``, because a fork inherits the server's environment and the settings glibc and
+OpenBLAS read at start-up, not the nanny's. Where ``forkserver`` does not exist (Windows)
+workers are spawned as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from multiprocessing import forkserver
+
+logger = logging.getLogger(__name__)
+
+#: What the server imports before it forks workers (``dkern`` imports numpy, scipy, dask,
+#: zarr and scikit-learn with it).
+PRELOAD = ["distributed", "dkern"]
+
+#: The dask setting that names the start method of worker processes.
+METHOD_KEY = "distributed.worker.multiprocessing-method"
+
+
+def worker_start_method(requested: str) -> str:
+    """The start method to give ``METHOD_KEY``: ``requested``, or ``"spawn"`` where this
+    platform has no fork server.
+
+    Parameters
+    ----------
+    requested : str
+        The method dkern's worker settings ask for.
+    """
+    if requested == "forkserver" and "forkserver" not in multiprocessing.get_all_start_methods():
+        logger.info("no forkserver start method on this platform: worker processes are spawned")
+        return "spawn"
+    return requested
+
+
+def start_preloaded_forkserver() -> None:
+    """Start this process's fork server with ``PRELOAD`` imported, if it is not running.
+
+    Call it while the workers' environment is in ``os.environ``: the server keeps the
+    environment it starts with for every worker it forks.
+    """
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    forkserver.ensure_running()
