@@ -4,12 +4,13 @@ scikit-learn's own estimator on real data (scikit-learn's bundled diabetes study
 The KDE's bandwidth rules are tested with the KDE (tests/test_smoothing.py).
 """
 
+import dask.array as da
 import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.kernel_ridge import KernelRidge as SklearnKernelRidge
 from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import GridSearchCV, KFold
+from sklearn.model_selection import GridSearchCV, KFold, cross_val_score
 
 import dkern
 
@@ -91,3 +92,33 @@ def test_klr_grid_over_C_and_its_refusals():
 def _breast_cancer():
     X, y = load_breast_cancer(return_X_y=True)
     return (X - X.mean(0)) / X.std(0), y
+
+
+class _SeesX(dkern.KernelRidge):
+    """Records the type of each X its fit is given (cross_val_score fits clones)."""
+
+    fitted_on: list = []
+
+    def fit(self, X, y, **kwargs):
+        _SeesX.fitted_on.append(type(X))
+        return super().fit(X, y, **kwargs)
+
+
+def test_cross_val_score_on_a_zarr_array_stays_lazy_and_scores_as_sklearn(tmp_path):
+    """scikit-learn's model selection indexes X by rows, which a ``(url, path)`` tuple has
+    not (scikit-learn itself rejects it: "inconsistent numbers of samples: [2, 442]"); the
+    array dkern.io.open_array gives is a dask array: each fold is a lazy row selection of the
+    store, and the scores equal scikit-learn's KernelRidge on the same numbers (1e-10)."""
+    X, y = _diabetes()
+    url = str(tmp_path / "d.zarr")
+    dkern.io.write_arrays(url, {"X": X}, chunk_rows=100)
+    folds = KFold(3, shuffle=True, random_state=0)
+    _SeesX.fitted_on.clear()
+    ours = cross_val_score(_SeesX(dkern.kernels.Gaussian(3.0), alpha=0.5, solver="exact"),
+                           dkern.io.open_array(url, "X"), y, cv=folds)
+    theirs = cross_val_score(SklearnKernelRidge(alpha=0.5, kernel="rbf", gamma=1 / 18), X, y,
+                             cv=folds)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-10)
+    assert _SeesX.fitted_on == [da.Array] * 3
+    with pytest.raises(ValueError, match=r"inconsistent numbers of samples: \[2, 442\]"):
+        cross_val_score(dkern.KernelRidge(), (url, "X"), y, cv=folds)
