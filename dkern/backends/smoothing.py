@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Gaussian, Kernel, fastexp
+from ..kernels.profiles import RadialProfile
 from ..kernels.stationary import Stationary
 from .numpy_backend import default_tile, single_threaded_blas
 
@@ -36,7 +37,8 @@ def log_weights(x: np.ndarray, z: np.ndarray, *, kernel: Kernel | None,
     A Gaussian is taken in the log domain (``-‖x − z‖² / 2ℓ²``: no underflow at any
     distance); ``box_width`` w gives the hypercube kernel of side w (``log 1`` where
     every coordinate differs by at most w/2, else ``-inf``), compared coordinate by
-    coordinate; any other kernel's values are taken as they are, and must be ≥ 0.
+    coordinate; a :class:`~dkern.kernels.profiles.RadialProfile` gives its log directly;
+    any other kernel's values are taken as they are, and must be ≥ 0.
     """
     if box_width is not None:
         inside = np.ones((len(x), len(z)), dtype=bool)
@@ -46,6 +48,8 @@ def log_weights(x: np.ndarray, z: np.ndarray, *, kernel: Kernel | None,
     assert kernel is not None
     if type(kernel) is Gaussian:
         return kernel.half_neg_sqdist(x, z)
+    if isinstance(kernel, RadialProfile):  # in the log domain too (the exponential's tail)
+        return kernel.log_block(x, z)
     values = np.asarray(kernel(x, z), dtype=np.float64)
     if (values < 0).any():
         raise ValueError(f"kernel smoothing needs weights k(x, z) >= 0, but {kernel!r} gave "

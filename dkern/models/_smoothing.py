@@ -11,12 +11,14 @@ import dask.array as da
 import numpy as np
 
 from ..kernels import Gaussian, Kernel
+from ..kernels.profiles import PROFILES, RadialProfile
 from ..operators import data_rows
 from ..operators.reductions import kernel_log_sums
 from ._validation import finite_number
 
-#: The kernels named by a string: the Gaussian and the hypercube (box; Bishop 2006, §2.5.1).
-NAMED_KERNELS = ("gaussian", "box")
+#: The kernels named by a string: the Gaussian, the hypercube (box; Bishop 2006, §2.5.1)
+#: and scikit-learn's other density kernels (radial profiles).
+NAMED_KERNELS = ("gaussian", "box", *PROFILES)
 
 
 def check_bandwidth(bandwidth: Any) -> float:
@@ -36,6 +38,8 @@ def smoothing_kernel(kernel: Any, *, any_kernel: bool) -> tuple[Kernel | None, b
     needs the kernel's normalising constant).
     """
     if isinstance(kernel, str) and kernel in NAMED_KERNELS:
+        if kernel in PROFILES:
+            return RadialProfile(kernel), False
         return (None, True) if kernel == "box" else (Gaussian(1.0), False)
     if isinstance(kernel, Kernel) and kernel.has_white:
         # White's weights k(x*, x_i) are zero: a smoother would silently drop the term
@@ -43,8 +47,9 @@ def smoothing_kernel(kernel: Any, *, any_kernel: bool) -> tuple[Kernel | None, b
                          "between distinct points; remove it (kernel.without_white()).")
     if isinstance(kernel, Kernel) and (any_kernel or type(kernel) is Gaussian):
         return kernel, False
-    allowed = "'gaussian', 'box' or a dkern kernel with non-negative values" if any_kernel \
-        else "'gaussian', 'box' or a dkern Gaussian (its lengthscale in units of the bandwidth)"
+    names = ", ".join(map(repr, NAMED_KERNELS))
+    allowed = f"one of {names} or a dkern kernel with non-negative values" if any_kernel \
+        else f"one of {names} or a dkern Gaussian (its lengthscale in units of the bandwidth)"
     raise ValueError(f"kernel must be {allowed}; got {kernel!r}.")
 
 

@@ -14,6 +14,7 @@ from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows, is_lazy
 from ..kernels import Gaussian, Kernel
+from ..kernels.profiles import PROFILES, RadialProfile
 from ..solvers.sampling import gather_rows
 from . import _smoothing
 from ._labels import labelled_fit, labelled_output, labelled_score
@@ -38,14 +39,17 @@ class KernelDensity(DeclaredState, BaseEstimator):
     Kernels: ``"gaussian"``, ``k(u) = (2π)^{-D/2} exp(-‖u‖²/2)``, equal to
     :class:`sklearn.neighbors.KernelDensity` with ``kernel="gaussian"`` and the same
     bandwidth; ``"box"``, Bishop's hypercube ``k(u) = 1`` where every ``|uᵢ| ≤ 1/2``
-    (side h, volume h^D), else 0 — scikit-learn's ``"tophat"`` is instead a ball of radius
-    h, so they agree in one dimension only, dkern's box of bandwidth 2h being
-    scikit-learn's tophat of bandwidth h; a dkern ``Gaussian(lengthscale=ℓ)`` (ARD allowed),
-    the normal density of covariance ``diag(h²ℓ²)``.
+    (side h, volume h^D), else 0; scikit-learn's other kernels by their names and
+    definitions, ``k(u) ∝ g(‖u‖)`` with ``g(r)`` = ``"tophat"`` 1, ``"epanechnikov"``
+    ``1 − r²``, ``"linear"`` ``1 − r``, ``"cosine"`` ``cos(πr/2)`` (each for r < 1, else 0),
+    ``"exponential"`` ``e^{−r}`` (:mod:`dkern.kernels.profiles`), equal to scikit-learn's;
+    a dkern ``Gaussian(lengthscale=ℓ)`` (ARD allowed), the normal density of covariance
+    ``diag(h²ℓ²)``.
 
     Parameters
     ----------
-    kernel : {"gaussian", "box"} or dkern Gaussian, default="gaussian"
+    kernel : {"gaussian", "box", "tophat", "epanechnikov", "exponential", "linear", \
+"cosine"} or dkern Gaussian, default="gaussian"
     bandwidth : float or {"scott", "silverman"}, default=1.0
         h > 0, or a rule of thumb computed at fit from the N rows and D features as
         scikit-learn does: Scott's ``N^(-1/(D+4))``, Silverman's
@@ -100,6 +104,8 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self.bandwidth_ = h
         if box:
             volume = d * np.log(h)
+        elif isinstance(kernel, RadialProfile):
+            volume = d * np.log(h) + kernel.log_integral(d)
         else:
             ell = _lengthscales(kernel, d)
             volume = d / 2 * np.log(2 * np.pi) + np.log(h * ell).sum()
@@ -160,6 +166,10 @@ class KernelDensity(DeclaredState, BaseEstimator):
         ndarray of shape (n_samples, D)
         """
         check_is_fitted(self, "log_norm_")
+        if self.kernel in PROFILES and self.kernel != "tophat":
+            raise NotImplementedError(f"sample() draws from the 'gaussian', 'box' and 'tophat' "
+                                      f"kernels (as scikit-learn, which also refuses the "
+                                      f"others); got kernel={self.kernel!r}.")
         if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) \
                 or n_samples < 1:
             raise ValueError(f"n_samples must be an integer >= 1; got {n_samples!r}.")
@@ -171,6 +181,8 @@ class KernelDensity(DeclaredState, BaseEstimator):
         h, shape = self.bandwidth_, rows.shape
         if box:
             return rows + h * rng.uniform(-0.5, 0.5, size=shape)
+        if isinstance(kernel, RadialProfile):
+            return rows + h * _uniform_in_ball(rng, shape)
         return rows + h * _lengthscales(kernel, shape[1]) * rng.standard_normal(size=shape)
 
     def _set_file_state(self, state: dict[str, Any]) -> None:
@@ -204,3 +216,11 @@ def _log_density(sums: np.ndarray, offset: float) -> np.ndarray:
     """``m + log s₀ + offset`` per row of the log-scaled sums; ``-inf`` where s₀ = 0."""
     with np.errstate(divide="ignore"):
         return sums[:, 0] + np.log(sums[:, 1]) + offset
+
+
+def _uniform_in_ball(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """Points uniform in the unit ball of ``R^shape[1]``: a normal direction, radius
+    ``U^(1/D)``."""
+    direction = rng.standard_normal(size=shape)
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    return direction * rng.uniform(size=(shape[0], 1)) ** (1 / shape[1])
