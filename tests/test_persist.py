@@ -352,6 +352,7 @@ DECLARED = [
         X[:60], X[:60, 0] > 0),
     lambda: dkern.KernelLogisticRegression(alpha=0.1).fit(X[:60], np.arange(60) % 3),
     lambda: dkern.KernelDensity(bandwidth=0.5).fit(X[:60]),
+    lambda: dkern.KernelDensity(bandwidth=0.5).fit(X[:60], sample_weight=np.arange(60) % 3 + 1.0),
     lambda: dkern.NadarayaWatson(bandwidth=0.5).fit(X[:60], Y[:60]),
     lambda: dkern.KNeighborsRegressor(n_neighbors=3).fit(X[:60], Y[:60, 0]),
     lambda: dkern.KNeighborsClassifier(n_neighbors=3).fit(X[:60], np.arange(60) % 2),
@@ -367,7 +368,9 @@ def test_a_file_holds_what_its_class_declares(tmp_path, fitted_model):
     url, loaded = roundtrip(model, tmp_path)
     attrs = dkern.io.read_attrs(url)
     assert attrs["format"] == dkern.models.persist.MODEL_FORMAT
-    assert attrs["arrays"] == sorted(dkern.io.list_arrays(url)) == sorted(layout.arrays)
+    assert attrs["arrays"] == sorted(dkern.io.list_arrays(url)) == sorted(
+        name for name in layout.arrays if getattr(model, f"{name}_", None) is not None
+        or name not in layout.optional)  # an optional array is stored when it is set
     optional = {"feature_names_in_", "sample_dim_"}  # set only by named (pandas, xarray) input
     assert set(layout.kinds()) - optional == set(attrs["fitted"])
     public = [f"{name}_" for name in layout.arrays if name not in layout.private] + [

@@ -105,6 +105,54 @@ def test_sklearns_other_kernels_by_name_equal_sklearns_densities(name, tmp_path)
             ours.sample(1)
 
 
+@pytest.mark.parametrize("name", ["gaussian", "tophat"])
+def test_sample_weight_equals_sklearns_and_repeated_rows(name, tmp_path):
+    """fit(sample_weight=) as scikit-learn's KernelDensity (1e-10, zero weights included);
+    integer weights equal repeated rows; lazy weights stay lazy with the same densities;
+    a save keeps them (and an unweighted model's file has no weights array); sampling
+    never draws a row of weight 0."""
+    X, _ = _diabetes()
+    train, test = X[:300], X[300:]
+    w = np.random.default_rng(0).integers(0, 4, size=300).astype(float)
+    ours = KernelDensity(name, bandwidth=0.7).fit(train, sample_weight=w)
+    theirs = SklearnKernelDensity(kernel=name, bandwidth=0.7).fit(train, sample_weight=w)
+    got = ours.score_samples(test)
+    expected = theirs.score_samples(test)
+    assert np.array_equal(np.isinf(got), np.isinf(expected))
+    np.testing.assert_allclose(got[np.isfinite(got)], expected[np.isfinite(expected)],
+                               rtol=0, atol=1e-10)
+    repeated = KernelDensity(name, bandwidth=0.7).fit(np.repeat(train, w.astype(int), axis=0))
+    np.testing.assert_allclose(repeated.score_samples(test), got, rtol=0, atol=1e-10)
+    lazy = KernelDensity(name, bandwidth=0.7).fit(da.from_array(train, chunks=100),
+                                                  sample_weight=da.from_array(w, chunks=100))
+    assert isinstance(lazy.sample_weight_, da.Array)
+    np.testing.assert_allclose(lazy.score_samples(test), got, rtol=0, atol=1e-12)
+    dkern.save(ours, tmp_path / "w.zarr")
+    np.testing.assert_array_equal(dkern.load(tmp_path / "w.zarr").score_samples(test), got)
+    dkern.save(KernelDensity(name).fit(train), tmp_path / "u.zarr")
+    assert sorted(dkern.io.list_arrays(str(tmp_path / "u.zarr"))) == ["X_fit"]
+    assert dkern.load(tmp_path / "u.zarr").sample_weight_ is None
+    if name == "tophat":  # a narrow ball: each draw names its row
+        draws = KernelDensity(name, bandwidth=1e-6).fit(train, sample_weight=w).sample(
+            3000, random_state=1)
+        nearest = np.linalg.norm(draws[:, None] - train[None], axis=2).argmin(axis=1)
+        counts = np.bincount(w[nearest].astype(int), minlength=4)
+        assert counts[0] == 0  # never a row of weight 0; weight 3 drawn ~3x as often as 1
+        assert 2.5 < (counts[3] / (w == 3).sum()) / (counts[1] / (w == 1).sum()) < 3.5
+
+
+@pytest.mark.parametrize("weights, match", [
+    (-np.ones(300), "must be finite and >= 0 with a positive sum; got a weight -1"),
+    (np.full(300, np.nan), "must be finite .* got NaN or infinity"),
+    (np.zeros(300), "must be finite .* got all weights zero"),
+    (np.ones(299), r"must have shape \(300,\), one weight per row of X; got shape \(299,\)"),
+])
+def test_bad_sample_weight_is_refused_by_name(weights, match):
+    X, _ = _diabetes()
+    with pytest.raises(ValueError, match="sample_weight " + match):
+        KernelDensity().fit(X[:300], sample_weight=weights)
+
+
 def test_ard_gaussian_kernel_is_the_normal_density_of_covariance_h2_ell2():
     X, _ = _diabetes()
     ell = np.array([0.5, 1.0, 2.0])

@@ -180,8 +180,9 @@ def _check_arrays(url: str, attrs: dict[str, Any], fitted: dict[str, Any],
         known = declared.known_dims(attrs["params"], fitted)
     except StoreError as err:
         raise StoreError(f"{where}: {err}") from None
-    check_stored_shapes(where, manifest, dict(layout.arrays), known)
-    check_fits_in_memory(where, manifest, [name for name in layout.arrays
+    stored = layout.stored(attrs.get("arrays"))
+    check_stored_shapes(where, manifest, stored, known)
+    check_fits_in_memory(where, manifest, [name for name in stored
                                            if not fitted.get(f"{name}_lazy", False)])
 
 

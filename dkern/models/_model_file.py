@@ -62,12 +62,23 @@ class FileLayout:
     private : frozenset of str
         Names that are not attributes of the estimator: its ``_file_state`` gives them
         and its ``_set_file_state`` takes them.
+    optional : tuple of str
+        Arrays whose attribute may be None (e.g. sample weights not given): the file
+        then lacks them, and a load sets None.
     """
 
     arrays: Mapping[str, tuple[str, ...]]
     scalars: Mapping[str, str]
     lazy: tuple[str, ...] = ()
     private: frozenset[str] = field(default_factory=frozenset)
+    optional: tuple[str, ...] = ()
+
+    def stored(self, listed: Any) -> dict[str, tuple[str, ...]]:
+        """The arrays a file must hold, with their dimensions: every one not ``optional``,
+        and the optional ones its "arrays" attribute (``listed``) names."""
+        names = set(listed) if isinstance(listed, list) else set()
+        return {name: dims for name, dims in self.arrays.items()
+                if name not in self.optional or name in names}
 
     def kinds(self) -> dict[str, str]:
         """Every name the file's "fitted" attribute may hold, with its kind."""

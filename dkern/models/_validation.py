@@ -14,6 +14,7 @@ import os
 from numbers import Integral, Real
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from sklearn.utils import assert_all_finite, column_or_1d
@@ -71,6 +72,27 @@ def check_y(y: Any, n_rows: int, owner: str) -> np.ndarray | da.Array:
         raise ValueError(f"y has shape {yv.shape}: no target columns. Pass at least one target, "
                          "shape (n_samples,) or (n_samples, n_targets).")
     return yv
+
+
+def check_sample_weight(sample_weight: Any, n_rows: int) -> tuple[np.ndarray | da.Array, float]:
+    """Sample weights of shape (n_rows,), finite and >= 0 with a positive sum, and that sum.
+
+    Dask and Zarr weights stay lazy; their checks read them once (n numbers).
+    """
+    lazy = is_lazy(sample_weight)
+    w = as_rows(sample_weight, name="sample_weight", ndim=(1,)).astype(np.float64) if lazy \
+        else np.asarray(sample_weight, dtype=np.float64)
+    if w.ndim != 1 or w.shape[0] != n_rows:
+        raise ValueError(f"sample_weight must have shape ({n_rows},), one weight per row of X; "
+                         f"got shape {w.shape}.")
+    lowest, total, finite = (dask.compute(w.min(), w.sum(), da.isfinite(w).all()) if lazy
+                             else (w.min(), w.sum(), np.isfinite(w).all()))
+    problem = ("NaN or infinity" if not finite else f"a weight {lowest:g}" if lowest < 0
+               else "all weights zero" if not total > 0 else None)
+    if problem:
+        raise ValueError(f"sample_weight must be finite and >= 0 with a positive sum; got "
+                         f"{problem}.")
+    return w, float(total)
 
 
 def check_labels(y: Any, n_rows: int, owner: str) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..solvers.sampling import gather_rows
 from . import _smoothing
 from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile
-from ._validation import as_generator, check_X, in_memory
+from ._validation import as_generator, check_sample_weight, check_X, in_memory
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,11 @@ class KernelDensity(DeclaredState, BaseEstimator):
         The training rows as given (numpy in memory; dask or Zarr rows stay lazy).
     bandwidth_ : float
         The h used: ``bandwidth``, or its rule's value.
+    sample_weight_ : ndarray or dask.array.Array of shape (N,), or None
+        The row weights given to ``fit`` (None: every row weighs 1).
     log_norm_ : float
-        ``log p(x) = log Σₙ κ((x − xₙ)/h) + log_norm_`` with κ the kernel without its
-        constant (``exp(−‖u‖²/2ℓ²)``, or the box's 1): ``−log N − log(h^D ∫κ)``.
+        ``log p(x) = log Σₙ wₙ κ((x − xₙ)/h) + log_norm_`` with κ the kernel without its
+        constant (``exp(−‖u‖²/2ℓ²)``, or the box's 1): ``−log Σₙ wₙ − log(h^D ∫κ)``.
     n_features_in_ : int
     """
 
@@ -77,7 +79,8 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self.backend = backend
 
     @labelled_fit
-    def fit(self, X: Rows, y: Rows | None = None) -> KernelDensity:
+    def fit(self, X: Rows, y: Rows | None = None,
+            sample_weight: Rows | None = None) -> KernelDensity:
         """Keep the training rows (nothing is computed until a density is asked for).
 
         Parameters
@@ -85,6 +88,9 @@ class KernelDensity(DeclaredState, BaseEstimator):
         X : array-like, dask array, zarr.Array or (url, path), shape (N, D)
         y : None
             Ignored.
+        sample_weight : array-like or dask array of shape (N,), optional
+            Row weights ``wₙ >= 0`` (a positive sum), as scikit-learn's:
+            ``p(x) = Σ wₙ h⁻ᴰ k((x − xₙ)/h) / Σ wₙ``. Dask weights stay lazy.
 
         Returns
         -------
@@ -100,6 +106,8 @@ class KernelDensity(DeclaredState, BaseEstimator):
         resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         n, d = Xv.shape
+        weights, total = (None, n) if sample_weight is None else \
+            check_sample_weight(sample_weight, n)
         h = BANDWIDTH_RULES[rule](n, d) if rule else float(self.bandwidth)
         self.bandwidth_ = h
         if box:
@@ -109,8 +117,9 @@ class KernelDensity(DeclaredState, BaseEstimator):
         else:
             ell = _lengthscales(kernel, d)
             volume = d / 2 * np.log(2 * np.pi) + np.log(h * ell).sum()
-        self.log_norm_ = float(-np.log(n) - volume)
+        self.log_norm_ = float(-np.log(total) - volume)
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
+        self.sample_weight_ = weights
         logger.info("KernelDensity: %d rows, %d features, %s kernel, bandwidth %g", n, d,
                     "box" if box else "Gaussian", h)
         self._settle_at_close()
@@ -133,9 +142,11 @@ class KernelDensity(DeclaredState, BaseEstimator):
         check_is_fitted(self, "log_norm_")
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
-        sums = _smoothing.log_sums(Xv, self.X_fit_, kernel=kernel, box=box,
+        weights = self.sample_weight_
+        sums = _smoothing.log_sums(Xv, self.X_fit_, weights, kernel=kernel, box=box,
                                    bandwidth=self.bandwidth_, name="dk-kde",
                                    backend=resolve_backend(self.backend))
+        # [m, Σk, Σkw]/e^m: the weighted sum is the last column
         logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
                              dtype=np.float64, meta=np.empty(0))
         return _smoothing.finish(logp, is_lazy(X))
@@ -175,7 +186,13 @@ class KernelDensity(DeclaredState, BaseEstimator):
             raise ValueError(f"n_samples must be an integer >= 1; got {n_samples!r}.")
         rng = as_generator(random_state)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
-        idx = rng.integers(self.X_fit_.shape[0], size=int(n_samples))
+        weights = self.sample_weight_
+        if weights is None:
+            idx = rng.integers(self.X_fit_.shape[0], size=int(n_samples))
+        else:  # rows drawn in proportion to their weights, as scikit-learn's
+            cumulative = np.cumsum(in_memory(weights))
+            idx = np.searchsorted(cumulative, rng.uniform(0, cumulative[-1], int(n_samples)),
+                                  side="right")
         rows = (gather_rows(self.X_fit_, idx) if isinstance(self.X_fit_, da.Array)
                 else in_memory(self.X_fit_)[idx])
         h, shape = self.bandwidth_, rows.shape
@@ -194,7 +211,8 @@ class KernelDensity(DeclaredState, BaseEstimator):
     #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``). "kernel" is a
     #: dkern kernel's repr, or null for a named one (then in "params").
     _model_file = ModelFile(marker="log_norm_", kernel="given", layouts=FileLayout(
-        arrays={"X_fit": ("n", "d")}, lazy=("X_fit",),
+        arrays={"X_fit": ("n", "d"), "sample_weight": ("n",)}, lazy=("X_fit", "sample_weight"),
+        optional=("sample_weight",),
         scalars={"n_features_in_": "positive", "log_norm_": "number",
                  "bandwidth_": "number"}))
 
@@ -213,9 +231,10 @@ def _lengthscales(kernel: Kernel | None, d: int) -> np.ndarray:
 
 
 def _log_density(sums: np.ndarray, offset: float) -> np.ndarray:
-    """``m + log s₀ + offset`` per row of the log-scaled sums; ``-inf`` where s₀ = 0."""
+    """``m + log s + offset`` per row of the log-scaled sums, s their last column (s₀, or
+    the weighted s₁); ``-inf`` where s = 0."""
     with np.errstate(divide="ignore"):
-        return sums[:, 0] + np.log(sums[:, 1]) + offset
+        return sums[:, 0] + np.log(sums[:, -1]) + offset
 
 
 def _uniform_in_ball(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:

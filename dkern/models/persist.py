@@ -118,7 +118,8 @@ def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) 
     check_can_save(url, overwrite=overwrite)
     state = model._file_state()
     layout = model._file_layout()
-    arrays = {name: state[name] for name in layout.arrays}
+    arrays = {name: state[name] for name in layout.arrays if state.get(name) is not None
+              or name not in layout.optional}
     fitted = encode_scalars(state, layout.kinds(), kind)
     fitted.update({f"{name}_lazy": isinstance(state.get(name), da.Array) for name in layout.lazy})
     attrs.update({"dkern_model": kind, "format": MODEL_FORMAT, "dkern_version": __version__,
@@ -188,8 +189,9 @@ def load(url: str | os.PathLike[str]) -> Model:
         model.kernel_ = _kernel(url, attrs, "fitted_kernel" if declared.kernel == "learned"
                                 else "kernel")
     state = decode_scalars(fitted, layout.kinds())
+    state.update({name: None for name in layout.optional})
     state.update({name: _read(url, name, lazy=fitted.get(f"{name}_lazy", False))
-                  for name in layout.arrays})
+                  for name in layout.stored(attrs.get("arrays"))})
     model._set_file_state(state)
     return model
 
