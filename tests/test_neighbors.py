@@ -10,6 +10,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
+from sklearn.metrics import pairwise_distances
 from sklearn.neighbors import KNeighborsClassifier as SklearnKNC
 from sklearn.neighbors import KNeighborsRegressor as SklearnKNR
 from sklearn.neighbors import NearestNeighbors
@@ -160,6 +161,59 @@ def test_bad_input_names_the_argument(digits):
         KNeighborsClassifier().fit(X[:0], y[:0])
     with pytest.raises(ValueError, match="Unknown label type"):
         KNeighborsClassifier().fit(X, y + 0.5)
+
+
+@pytest.mark.parametrize("metric, p", [("manhattan", 2), ("minkowski", 3), ("chebyshev", 2),
+                                       ("minkowski", np.inf), ("cosine", 2), ("euclidean", 1)])
+def test_metrics_equal_sklearns_distances_with_ties_to_the_lower_index(digits, metric, p):
+    """scikit-learn's metric names and p, from the Zarr store: the distances of scikit-learn's
+    brute force (1e-12), and the indices of the dense (distance, index) order of
+    scikit-learn's pairwise_distances exactly (the digits tie often; scikit-learn orders ties
+    arbitrarily). metric="euclidean" ignores p, as scikit-learn does."""
+    X, _, Q, _, url = digits
+    k = 7
+    model = KNeighborsRegressor(n_neighbors=k, metric=metric, p=p).fit((url, "X"), (url, "y"))
+    dist, ind = model.kneighbors(Q)
+    theirs, _ = NearestNeighbors(n_neighbors=k, algorithm="brute", metric=metric,
+                                 p=p).fit(X).kneighbors(Q)
+    np.testing.assert_allclose(dist, theirs, rtol=1e-12, atol=1e-15)
+    D = pairwise_distances(Q, X, metric=metric, **({"p": p} if metric == "minkowski" else {}))
+    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    np.testing.assert_array_equal(ind, order)
+
+
+def test_metric_predictions_equal_sklearns_on_real_data():
+    """Manhattan and cosine neighbours' regression and votes equal scikit-learn's (diabetes:
+    continuous features, no ties), in memory and on lazy rows; a saved model keeps them."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    labels = (y > np.median(y)).astype(int)
+    for metric in ("manhattan", "cosine"):
+        reg = KNeighborsRegressor(7, weights="distance", metric=metric).fit(X[:350], y[:350])
+        ref = SklearnKNR(7, weights="distance", metric=metric, algorithm="brute")
+        np.testing.assert_allclose(reg.predict(X[350:]),
+                                   ref.fit(X[:350], y[:350]).predict(X[350:]), rtol=1e-12)
+        lazy = da.from_array(X[350:], chunks=40)
+        np.testing.assert_allclose(reg.predict(lazy).compute(), reg.predict(X[350:]),
+                                   rtol=1e-14)
+        clf = KNeighborsClassifier(9, metric=metric).fit(X[:350], labels[:350])
+        ref = SklearnKNC(9, metric=metric, algorithm="brute").fit(X[:350], labels[:350])
+        np.testing.assert_allclose(clf.predict_proba(X[350:]), ref.predict_proba(X[350:]))
+
+
+def test_metric_and_p_are_checked_and_saved(tmp_path, digits):
+    X, y, Q, _, _ = digits
+    with pytest.raises(ValueError, match=r"metric must be one of \['minkowski', 'euclidean'"):
+        KNeighborsRegressor(metric="hamming").fit(X, y)
+    for p in (0.5, "two", True, np.nan):
+        with pytest.raises(ValueError, match="p must be a number >= 1 .*got"):
+            KNeighborsRegressor(p=p).fit(X, y)
+    fitted = KNeighborsClassifier(metric="minkowski", p=np.inf).fit(X, y)
+    dkern.save(fitted, tmp_path / "m.zarr")
+    loaded = dkern.load(tmp_path / "m.zarr")
+    assert loaded.get_params() == fitted.get_params()
+    np.testing.assert_array_equal(loaded.kneighbors(Q[:20])[1], fitted.kneighbors(Q[:20])[1])
 
 
 @parametrize_with_checks([KNeighborsRegressor(), KNeighborsClassifier()])

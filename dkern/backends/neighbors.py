@@ -27,11 +27,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
 from ..kernels.stationary import robust_centre
 from .numpy_backend import single_threaded_blas
 
-__all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "nearest_block", "neighbors_dtype"]
+__all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "metric_distances", "nearest_block",
+           "nearest_block_metric", "neighbors_dtype", "sample_bound_metric"]
 
 #: The index of an empty slot (fewer than k rows seen): sorts after every real index.
 PAD_INDEX = np.iinfo(np.int64).max
@@ -123,6 +125,72 @@ def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
         sq = np.square(xt[:, None, :] - sample[None, :, :]).sum(axis=2)
         out[i0:i0 + rows, 0] = np.partition(sq, k - 1, axis=1)[:, k - 1]
     return out * (1 + 1e-12)  # a margin, should a block's sum round differently
+
+
+def metric_distances(x: np.ndarray, z: np.ndarray, *, metric: str, p: float) -> np.ndarray:
+    """Exact distances between the rows of x (n, d) and z (m, d) as scikit-learn defines
+    them; shape (n, m), float64.
+
+    ``metric="minkowski"``: ``(Σ|xᵢ − zᵢ|^p)^(1/p)`` (p = 1 Manhattan, p = inf Chebyshev);
+    ``"cosine"``: ``1 − x̂·ẑ`` clipped to [0, 2], rows of norm 0 left at 0 (scikit-learn's
+    ``normalize``, so their distance to every row is 1).
+    """
+    x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
+    if metric == "cosine":
+        with single_threaded_blas():
+            return np.clip(1.0 - _unit_rows(x) @ _unit_rows(z).T, 0.0, 2.0)
+    if np.isinf(p):
+        return cdist(x, z, "chebyshev")
+    return cdist(x, z, "cityblock") if p == 1 else cdist(x, z, "minkowski", p=p)
+
+
+def _unit_rows(a: np.ndarray) -> np.ndarray:
+    """Rows divided by their norms; rows of norm 0 stay 0."""
+    norms = np.linalg.norm(a, axis=1, keepdims=True)
+    return np.divide(a, norms, out=np.zeros_like(a), where=norms > 0)
+
+
+def nearest_block_metric(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray,
+                         *, k: int, metric: str, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nearest_block` for the distances of :func:`metric_distances`: the k nearest
+    rows of z to each row of x by (distance, index), among those within ``limit`` (n, 1)
+    (:func:`sample_bound_metric`). No product trick here: every distance of a tile is
+    computed exactly, and those within each row's k-th so far enter the merge.
+
+    Returns
+    -------
+    (ndarray of shape (n, k), ndarray of shape (n, k))
+        Distances (float64, ascending; ``inf`` in empty slots) and global indices
+        (``PAD_INDEX`` there): the ``sq`` and ``index`` fields of :func:`neighbors_dtype`.
+    """
+    index = np.asarray(index, dtype=np.int64)
+    best = np.full((len(x), k), np.inf)
+    best_idx = np.full((len(x), k), PAD_INDEX)
+    tile_rows, tile_cols = TILE
+    for j0 in range(0, len(z), tile_cols):
+        for i0 in range(0, len(x), tile_rows):
+            part = slice(i0, i0 + tile_rows)
+            dist = metric_distances(x[part], z[j0:j0 + tile_cols], metric=metric, p=p)
+            bound = np.minimum(best[part, k - 1], limit[part, 0])
+            rows, cols = np.nonzero(dist <= bound[:, None])
+            if len(rows) == 0:
+                continue
+            hit, rows = np.unique(rows, return_inverse=True)
+            at = i0 + hit
+            best[at], best_idx[at] = best_k(
+                np.concatenate([np.repeat(np.arange(len(hit)), k), rows]),
+                np.concatenate([best[at].ravel(), dist[hit[rows], cols]]),
+                np.concatenate([best_idx[at].ravel(), index[j0 + cols, 0]]), len(hit), k)
+    return best, best_idx
+
+
+def sample_bound_metric(x: np.ndarray, sample: np.ndarray, *, k: int, metric: str,
+                        p: float) -> np.ndarray:
+    """:func:`sample_bound` for :func:`metric_distances`: each row's k-th smallest distance
+    to the ``sample`` (training) rows, with a margin; shape (n, 1)."""
+    dist = metric_distances(x, sample, metric=metric, p=p)
+    kth = np.partition(dist, k - 1, axis=1)[:, k - 1:k]
+    return kth + 1e-12 * (1.0 + np.abs(kth))  # should a block's distance round differently
 
 
 def _augmented(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,

@@ -18,28 +18,55 @@ from ..operators import data_rows, pairwise_rows
 from ..operators.reductions import nearest_neighbors
 from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
-from ._validation import check_choice, check_labels, check_X, check_y, in_memory
+from ._validation import (
+    check_choice,
+    check_labels,
+    check_X,
+    check_y,
+    finite_number,
+    in_memory,
+)
 
 WEIGHTS = ("uniform", "distance")
+#: scikit-learn's metric names dkern computes, as (metric, p) of
+#: :func:`dkern.operators.reductions.nearest_neighbors` (None: the ``p`` parameter's).
+METRICS: dict[str, tuple[str, float | None]] = {
+    "minkowski": ("minkowski", None), "euclidean": ("minkowski", 2), "l2": ("minkowski", 2),
+    "manhattan": ("minkowski", 1), "cityblock": ("minkowski", 1), "l1": ("minkowski", 1),
+    "chebyshev": ("minkowski", np.inf), "infinity": ("minkowski", np.inf),
+    "cosine": ("cosine", 2)}
 
 
 class _Neighbors(DeclaredState, BaseEstimator):
-    """Exact Euclidean k-nearest neighbours: per-chunk top-k merged across chunks.
+    """Exact k-nearest neighbours: per-chunk top-k merged across chunks.
 
     Of training rows at the same distance the lower index comes first (in every
     chunking); distances are exact for the indices returned (see
     :mod:`dkern.backends.neighbors`).
     """
 
-    def __init__(self, n_neighbors: int = 5, *, weights: str = "uniform",
-                 backend: str = "auto") -> None:
+    def __init__(self, n_neighbors: int = 5, *, weights: str = "uniform", p: float = 2,
+                 metric: str = "minkowski", backend: str = "auto") -> None:
         self.n_neighbors = n_neighbors
         self.weights = weights
+        self.p = p
+        self.metric = metric
         self.backend = backend
+
+    def _metric(self) -> tuple[str, float]:
+        """(metric, p) of the search, checked: scikit-learn's names and its ``p``."""
+        metric, p = METRICS[check_choice(self.metric, "metric", tuple(METRICS))]
+        if p is None:
+            p = finite_number(self.p) if self.p != np.inf else np.inf
+            if p is None or p < 1:
+                raise ValueError(f"p must be a number >= 1 (Minkowski's power: 1 Manhattan, 2 "
+                                 f"Euclidean, inf Chebyshev); got {self.p!r}.")
+        return metric, float(p)
 
     def _fit_rows(self, X: Any) -> np.ndarray | da.Array:
         _check_k(self.n_neighbors)
         check_choice(self.weights, "weights", WEIGHTS)
+        self._metric()
         resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
@@ -76,9 +103,10 @@ class _Neighbors(DeclaredState, BaseEstimator):
                              f"{k + itself}, n_samples_fit = {self.n_samples_fit_}"
                              f"{' (the query is the training data itself)' if itself else ''}."
                              " Ask for fewer neighbours.")
+        metric, p = self._metric()
         dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
                                       data_rows(self.X_fit_, name="X_fit"), k + itself,
-                                      backend=resolve_backend(self.backend))
+                                      backend=resolve_backend(self.backend), metric=metric, p=p)
         if itself:
             rows = da.arange(ind.shape[0], chunks=ind.chunks[0])[:, None]
             dist, ind = _drop_self(dist, ind, rows)
@@ -106,6 +134,13 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
     weights : {"uniform", "distance"}, default="uniform"
         ``"distance"``: weights ``1/d``; a query at distance 0 from training rows takes
         the mean of those rows' targets (as scikit-learn).
+    p : float, default=2
+        Minkowski's power (>= 1; inf is Chebyshev), with ``metric="minkowski"``.
+    metric : str, default="minkowski"
+        As scikit-learn names them: ``"minkowski"`` (with ``p``), ``"euclidean"``/``"l2"``,
+        ``"manhattan"``/``"cityblock"``/``"l1"``, ``"chebyshev"``/``"infinity"``,
+        ``"cosine"`` (``1 − x̂·ẑ``). The Euclidean search has a KeOps and a Triton form;
+        the other metrics compute exact distance tiles with numpy on any backend.
     backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the search is computed: numpy's candidate tiles, or KeOps' ``KMin_ArgKMin``
         reduction (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.
@@ -179,6 +214,8 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
     weights : {"uniform", "distance"}, default="uniform"
         ``"distance"``: votes weighted ``1/d``; a query at distance 0 from training rows
         takes those rows' votes only (as scikit-learn).
+    p, metric
+        As :class:`KNeighborsRegressor`'s.
     backend : {"auto", "numpy", "keops", "triton"}, default="auto"
         How the search is computed: numpy's candidate tiles, or KeOps' ``KMin_ArgKMin``
         reduction (:mod:`dkern.backends.blocks`); ``"auto"`` logs its choice and reason.

@@ -19,7 +19,14 @@ import dask.array as da
 import numpy as np
 
 from ..backends import block_backend
-from ..backends.neighbors import merge_neighbors, neighbors_dtype, sample_bound
+from ..backends.keops_backend import log_fallback_once
+from ..backends.neighbors import (
+    merge_neighbors,
+    nearest_block_metric,
+    neighbors_dtype,
+    sample_bound,
+    sample_bound_metric,
+)
 from ..backends.smoothing import merge_log_sums
 from ..kernels import Kernel
 from .pairwise import Operand, pairwise_reduce, pairwise_rows
@@ -61,8 +68,9 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
 
 
 def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
-                      name: str = "dk-knn", backend: str = "numpy") -> tuple[da.Array, da.Array]:
-    """The k nearest training rows of every query row (Euclidean; ties to the lower index).
+                      name: str = "dk-knn", backend: str = "numpy", metric: str = "minkowski",
+                      p: float = 2) -> tuple[da.Array, da.Array]:
+    """The k nearest training rows of every query row (ties to the lower index).
 
     Partial results travel as records of :func:`~dkern.backends.neighbors.neighbors_dtype`
     (float64 squared distances, int64 indices): indices are integers end to end.
@@ -74,7 +82,12 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
     k : int
     name : str, default="dk-knn"
     backend : {"numpy", "keops", "triton"}, default="numpy"
-        A concrete backend (:func:`dkern.backends.resolve_backend`).
+        A concrete backend (:func:`dkern.backends.resolve_backend`); the Euclidean search
+        only: other metrics run numpy's block (logged once).
+    metric : {"minkowski", "cosine"}, default="minkowski"
+    p : float, default=2
+        Minkowski's power, >= 1 (2: Euclidean; inf: Chebyshev); unused by ``"cosine"``
+        (:func:`dkern.backends.neighbors.metric_distances`).
 
     Returns
     -------
@@ -83,6 +96,9 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
     indices : dask.array.Array of shape (q, k), int64
     """
     k = int(k)
+    if metric != "minkowski" or p != 2:
+        return _nearest_by_metric(queries, training, k, name=name, backend=backend,
+                                  metric=metric, p=p)
     # Each block would otherwise search from scratch, admitting ~k·ln(rows) candidates
     # per query row: a bound from the first rows (one chunk read) lets it admit only rows
     # nearer than some k training rows already are.
@@ -95,3 +111,22 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
                               dtype=neighbors_dtype(k), name=name, combine=merge_neighbors,
                               labels=("X", "X_fit"), k=k)
     return np.sqrt(records["sq"][:, 0]), records["index"][:, 0]
+
+
+def _nearest_by_metric(queries: da.Array, training: da.Array, k: int, *, name: str,
+                       backend: str, metric: str, p: float) -> tuple[da.Array, da.Array]:
+    """:func:`nearest_neighbors` for a metric other than the Euclidean: exact distance tiles
+    (:func:`~dkern.backends.neighbors.nearest_block_metric`), numpy on every backend."""
+    if backend != "numpy":
+        log_fallback_once("k-nearest neighbours", f"the {metric} metric (p={p}) has a "
+                          "Euclidean search only on this backend", backend=backend)
+    sample = np.asarray(training[:max(k, SAMPLE_ROWS)].compute(), dtype=np.float64)
+    limit = pairwise_rows(sample_bound_metric, queries, width=1, dtype=np.float64,
+                          name=f"{name}-bound", broadcast={"sample": sample}, k=k,
+                          metric=metric, p=p)
+    index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.int64)[:, None]
+    records = pairwise_reduce(nearest_block_metric, queries, training,
+                              [(limit, "rows"), (index, "cols")], over="cols", width=1,
+                              dtype=neighbors_dtype(k), name=name, combine=merge_neighbors,
+                              labels=("X", "X_fit"), k=k, metric=metric, p=p)
+    return records["sq"][:, 0], records["index"][:, 0]
