@@ -9,6 +9,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.linalg as sla
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -29,10 +30,12 @@ from ._validation import (
     check_choice,
     check_optional_int,
     check_out_is_not_input,
+    check_sample_weight,
     check_tol,
     check_X,
     check_y,
     checked_kernel,
+    in_memory,
     refuse_white,
 )
 from .posteriors import (
@@ -203,7 +206,7 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
 
     @labelled_fit
     @worker_failures()
-    def fit(self, X: Rows, y: Rows, *,
+    def fit(self, X: Rows, y: Rows, sample_weight: Rows | None = None, *,
             callback: Callable[[int, np.ndarray], None] | None = None) -> KernelRidge:
         """Fit the model.
 
@@ -214,6 +217,11 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
             ``"exact"``, which needs it in memory anyway).
         y : array-like or dask array of shape (n,) or (n, t)
             Targets; NaN and infinity are rejected.
+        sample_weight : array-like of shape (n,), optional
+            Row weights ``wᵢ >= 0`` as scikit-learn's ``KernelRidge`` takes them: with
+            ``S = diag(√w)`` the dual solves ``(S K S + alpha I) c = S y``, ``dual_coef_ = S c``
+            (each row's squared error weighted by ``wᵢ``). With ``solver="exact"`` only
+            (``"auto"`` picks it up to ``EXACT_MAX_N`` rows); the iterative solvers refuse it.
         callback : callable, optional
             ``callback(iteration, relative_residuals)`` after each CG / Falkon iteration,
             e.g. a :class:`dkern.solvers.SolveMonitor` to watch the fit from a notebook.
@@ -231,6 +239,17 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
+        weights = None
+        if sample_weight is not None:
+            weights = in_memory(check_sample_weight(sample_weight, Xv.shape[0])[0])
+            if solver == "auto" and self.n_centers is None:
+                solver = "exact"
+            if solver != "exact":
+                given = f"solver={self.solver!r}" + ("" if self.n_centers is None
+                                                     else f", n_centers={self.n_centers}")
+                raise ValueError(f"sample_weight is supported by solver='exact' (scikit-learn's "
+                                 f"KernelRidge), up to {EXACT_MAX_N} rows; got {given}. Use "
+                                 "solver='exact', or fit without weights.")
         solver = self._resolve_solver(solver, Xv.shape[0])
         alpha = check_alpha(self.alpha, solver)
         if solver != "exact":  # the exact factor alone forms k(X), with White's noise
@@ -242,7 +261,7 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         self.kernel_ = kernel
         Xw, yw = as_float64(Xv), as_float64(yv)  # the precision rule (class docstring)
         if solver == "exact":
-            self._fit_exact(Xw, yw, alpha)
+            self._fit_exact(Xw, yw, alpha, weights)
         elif solver == "cg":
             self._fit_cg(Xw, yw, alpha, tol, callback)
         elif solver == "gd":
@@ -303,10 +322,11 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         check_solver_fits(solver, n, self.n_centers, exact_max_n=EXACT_MAX_N)
         return solver
 
-    def _fit_exact(self, X: Any, y: Any, alpha: float) -> None:
+    def _fit_exact(self, X: Any, y: Any, alpha: float, weights: np.ndarray | None) -> None:
         Xn = X.compute() if isinstance(X, da.Array) else X
         yn = y.compute() if isinstance(y, da.Array) else y
-        self.dual_coef_ = ExactPosterior.fit(self.kernel_, Xn, yn, alpha).weights
+        self.dual_coef_ = ExactPosterior.fit(self.kernel_, Xn, yn, alpha).weights \
+            if weights is None else _weighted_dual(self.kernel_, Xn, yn, alpha, weights)
         self.n_iter_, self.residuals_, self.converged_ = 1, None, True  # one direct solve
 
     def _fit_cg(self, X: Any, y: Any, alpha: float, tol: float, callback: Any) -> None:
@@ -359,6 +379,17 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         super()._set_file_state(state)
         if self.solver_ == "exact":
             self.residuals_ = None  # one direct solve: no residual history
+
+
+def _weighted_dual(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha: float,
+                   weights: np.ndarray) -> np.ndarray:
+    """The dual coefficients of weighted kernel ridge regression, as scikit-learn computes
+    them: ``(S K S + alpha I) c = S y`` with ``S = diag(√w)``, then ``S c``; shape of y."""
+    s = np.sqrt(weights) if y.ndim == 1 else np.sqrt(weights)[:, None]
+    C = np.asarray(kernel(X), dtype=np.float64) * np.outer(np.sqrt(weights), np.sqrt(weights))
+    C[np.diag_indices_from(C)] += alpha
+    c = sla.solve(C, y * s, assume_a="pos", overwrite_a=True, check_finite=False)
+    return np.ascontiguousarray(c * s)
 
 
 def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, str]:
