@@ -369,6 +369,22 @@ def test_embedded_cluster_workers_get_the_malloc_settings():
     assert "MALLOC_MMAP_THRESHOLD_" not in dask.config.get("distributed.nanny.pre-spawn-environ")
 
 
+def test_workers_of_a_later_cluster_see_variables_set_since_the_first(monkeypatch):
+    """Workers fork from one server started with the first embedded cluster's environment;
+    a variable set after it still reaches the workers of the next cluster, and connect()
+    with threads only (processes=False) starts no worker process to give it to."""
+    with connect(n_workers=1) as client:
+        client.cluster.close()
+    monkeypatch.setenv("DKERN_TEST_LATER_VARIABLE", "set after the first cluster")
+    with connect(n_workers=1) as client:
+        seen = client.run(lambda: os.environ.get("DKERN_TEST_LATER_VARIABLE"))
+        client.cluster.close()
+    assert list(seen.values()) == ["set after the first cluster"]
+    with connect(n_workers=1, processes=False) as client:
+        assert client.run(lambda: 1)
+        client.cluster.close()
+
+
 @pytest.fixture
 def gp_store(tmp_path):
     """A store with 500 training rows (X, y) and 200 test rows (X_test, y_test) in 2-d."""

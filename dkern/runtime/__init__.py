@@ -165,15 +165,17 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
         kwargs.setdefault("n_workers", os.cpu_count() or 1)
         kwargs.setdefault("threads_per_worker", 1)
     # Loopback only: a scheduler runs any code its clients send, and the dashboard has no
-    # authentication; neither should be reachable from the network by default.
-    kwargs.setdefault("host", "127.0.0.1")
+    # authentication; neither should be reachable from the network by default. Threads only
+    # (processes=False) talk in-process, where a host is refused.
+    if kwargs.get("processes", True):
+        kwargs.setdefault("host", "127.0.0.1")
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     # Read by each nanny when it is created (and reused if it restarts its worker).
     settings = worker_config()
     settings[METHOD_KEY] = worker_start_method(settings[METHOD_KEY])
     with dask.config.set(settings), _spawn_environ(settings):
-        if settings[METHOD_KEY] == "forkserver":
-            start_preloaded_forkserver()
+        if settings[METHOD_KEY] == "forkserver" and kwargs.get("processes", True):
+            kwargs["env"] = {**start_preloaded_forkserver(), **kwargs.get("env", {})}
         cluster = LocalCluster(**kwargs) if devices is None else \
             GpuLocalCluster(devices, **kwargs)
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 from multiprocessing import forkserver
 
 logger = logging.getLogger(__name__)
@@ -41,11 +42,23 @@ def worker_start_method(requested: str) -> str:
     return requested
 
 
-def start_preloaded_forkserver() -> None:
-    """Start this process's fork server with ``PRELOAD`` imported, if it is not running.
+#: ``os.environ`` when this process's fork server started (its workers' environment).
+_server_environ: dict[str, str] = {}
+
+
+def start_preloaded_forkserver() -> dict[str, str]:
+    """Start this process's fork server with ``PRELOAD`` imported, if it is not running,
+    and return what ``os.environ`` has set differently since it started.
 
     Call it while the workers' environment is in ``os.environ``: the server keeps the
-    environment it starts with for every worker it forks.
+    environment it starts with for every worker it forks. Give the returned variables to
+    the nannies (``env=``), which set them in each worker as it starts, so a variable set
+    after an earlier cluster still reaches the workers of the next (those read only at
+    process start, such as glibc's, keep the server's values).
     """
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    if not _server_environ:  # the first call starts the server (this process's first cluster)
+        _server_environ.update(os.environ)
     forkserver.ensure_running()
+    return {key: value for key, value in os.environ.items()
+            if _server_environ.get(key) != value}
