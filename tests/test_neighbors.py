@@ -202,6 +202,27 @@ def test_metric_predictions_equal_sklearns_on_real_data():
         np.testing.assert_allclose(clf.predict_proba(X[350:]), ref.predict_proba(X[350:]))
 
 
+def test_kneighbors_graph_equals_sklearns():
+    """kneighbors_graph as scikit-learn's (diabetes: no ties), both modes, with queries and
+    for the training rows themselves (each without itself), from lazy queries too."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    ours = KNeighborsRegressor(6).fit(X[:350], y[:350])
+    theirs = SklearnKNR(6, algorithm="brute").fit(X[:350], y[:350])
+    for Q in (X[350:], None):
+        for mode in ("connectivity", "distance"):
+            got, expected = ours.kneighbors_graph(Q, mode=mode), theirs.kneighbors_graph(Q,
+                                                                                      mode=mode)
+            assert got.shape == expected.shape and got.format == "csr"
+            np.testing.assert_allclose(got.toarray(), expected.toarray(), rtol=1e-12)
+    lazy = ours.kneighbors_graph(da.from_array(X[350:], chunks=30), n_neighbors=3)
+    np.testing.assert_array_equal(lazy.toarray(),
+                                  theirs.kneighbors_graph(X[350:], n_neighbors=3).toarray())
+    with pytest.raises(ValueError, match=r"mode must be one of \['connectivity', 'distance'\]"):
+        ours.kneighbors_graph(X[350:], mode="weights")
+
+
 def test_metric_and_p_are_checked_and_saved(tmp_path, digits):
     X, y, Q, _, _ = digits
     with pytest.raises(ValueError, match=r"metric must be one of \['minkowski', 'euclidean'"):

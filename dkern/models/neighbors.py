@@ -8,6 +8,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -114,6 +115,31 @@ class _Neighbors(DeclaredState, BaseEstimator):
         if not isinstance(Xv, da.Array):
             out = dask.compute(*out)  # together: computed apart, the search would run twice
         return out if return_distance else out[0]
+
+    def kneighbors_graph(self, X: Rows | None = None, n_neighbors: int | None = None,
+                         mode: str = "connectivity") -> scipy.sparse.csr_matrix:
+        """The k nearest training rows of each row of X as a sparse graph, as scikit-learn's.
+
+        Parameters
+        ----------
+        X : array-like, dask array, zarr.Array or (url, path), shape (m, d), optional
+            None: the training rows, each without itself.
+        n_neighbors : int, optional
+            Default ``self.n_neighbors``.
+        mode : {"connectivity", "distance"}, default="connectivity"
+            Entries 1, or the neighbours' distances.
+
+        Returns
+        -------
+        scipy.sparse.csr_matrix of shape (m, n_samples_fit_)
+            k entries per row, in memory (m·k of them) whatever X is.
+        """
+        check_choice(mode, "mode", ("connectivity", "distance"))
+        dist, ind = dask.compute(*self.kneighbors(X, n_neighbors))
+        m, k = ind.shape
+        data = np.ones(m * k) if mode == "connectivity" else dist.ravel()
+        return scipy.sparse.csr_matrix((data, ind.ravel(), np.arange(0, m * k + 1, k)),
+                                       shape=(m, self.n_samples_fit_))
 
     def _neighbour_weights(self, X: Any) -> tuple[Any, Any]:
         """(indices, weights) of each row's neighbours; weights as scikit-learn's."""
