@@ -18,6 +18,8 @@ from .models import (
     KNeighborsClassifier,
     KNeighborsRegressor,
     NadarayaWatson,
+    RadiusNeighborsClassifier,
+    RadiusNeighborsRegressor,
     load,
     save,
 )
@@ -27,6 +29,6 @@ from .runtime import connect
 __all__ = [
     "GaussianProcessClassifier", "GaussianProcessRegressor", "KNeighborsClassifier",
     "KNeighborsRegressor", "KernelDensity", "KernelLogisticRegression", "KernelRidge",
-    "NadarayaWatson", "__version__",
+    "NadarayaWatson", "RadiusNeighborsClassifier", "RadiusNeighborsRegressor", "__version__",
     "connect", "gram", "io", "kernels", "load", "save",
 ]

@@ -49,6 +49,9 @@ MODELS = {
     "nadaraya-watson": (lambda: dkern.NadarayaWatson(bandwidth=0.5), "y"),
     "knn-regressor": (lambda: dkern.KNeighborsRegressor(n_neighbors=5), "y"),
     "knn-classifier": (lambda: dkern.KNeighborsClassifier(n_neighbors=5), "labels"),
+    "radius-regressor": (lambda: dkern.RadiusNeighborsRegressor(3.0), "y"),
+    "radius-classifier": (lambda: dkern.RadiusNeighborsClassifier(
+        3.0, outlier_label="most_frequent"), "labels"),
 }
 
 
@@ -58,7 +61,7 @@ def outputs(name, model, X_new):
         return [np.asarray(model.score_samples(X_new))]
     if name.startswith("gpr"):
         return [np.asarray(a) for a in model.predict(X_new, return_std=True)]
-    if name in ("klr", "gpc", "knn-classifier"):
+    if name in ("klr", "gpc", "knn-classifier", "radius-classifier"):
         return [np.asarray(model.predict_proba(X_new))]
     return [np.asarray(model.predict(X_new))]
 

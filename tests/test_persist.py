@@ -356,6 +356,8 @@ DECLARED = [
     lambda: dkern.NadarayaWatson(bandwidth=0.5).fit(X[:60], Y[:60]),
     lambda: dkern.KNeighborsRegressor(n_neighbors=3).fit(X[:60], Y[:60, 0]),
     lambda: dkern.KNeighborsClassifier(n_neighbors=3).fit(X[:60], np.arange(60) % 2),
+    lambda: dkern.RadiusNeighborsRegressor(2.0).fit(X[:60], Y[:60, 0]),
+    lambda: dkern.RadiusNeighborsClassifier(2.0).fit(X[:60], np.arange(60) % 2),
 ]
 
 

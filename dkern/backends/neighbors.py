@@ -32,8 +32,9 @@ from scipy.spatial.distance import cdist
 from ..kernels.stationary import robust_centre
 from .numpy_backend import single_threaded_blas
 
-__all__ = ["PAD_INDEX", "best_k", "merge_neighbors", "metric_distances", "nearest_block",
-           "nearest_block_metric", "neighbors_dtype", "sample_bound_metric"]
+__all__ = ["HIT", "PAD_INDEX", "best_k", "merge_hits", "merge_neighbors", "metric_distances",
+           "nearest_block", "nearest_block_metric", "neighbors_dtype", "sample_bound_metric",
+           "within_radius_block"]
 
 #: The index of an empty slot (fewer than k rows seen): sorts after every real index.
 PAD_INDEX = np.iinfo(np.int64).max
@@ -182,6 +183,49 @@ def nearest_block_metric(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index:
                 np.concatenate([best[at].ravel(), dist[hit[rows], cols]]),
                 np.concatenate([best_idx[at].ravel(), index[j0 + cols, 0]]), len(hit), k)
     return best, best_idx
+
+
+#: One training row within a query row's radius: its global index and exact distance.
+HIT = np.dtype([("index", np.int64), ("dist", np.float64)])
+
+
+def within_radius_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, radius: float,
+                        metric: str, p: float) -> np.ndarray:
+    """The rows of z within ``radius`` of each row of x, by :func:`metric_distances`.
+
+    Returns
+    -------
+    ndarray of shape (n, 1), object
+        Per row of x an array of :data:`HIT` records (ascending index): the partial
+        result :func:`merge_hits` merges across training blocks.
+    """
+    out = np.empty((len(x), 1), dtype=object)
+    found: list[list[np.ndarray]] = [[] for _ in range(len(x))]
+    index = np.asarray(index, dtype=np.int64)[:, 0]
+    tile_rows, tile_cols = TILE
+    for j0 in range(0, len(z), tile_cols):
+        for i0 in range(0, len(x), tile_rows):
+            dist = metric_distances(x[i0:i0 + tile_rows], z[j0:j0 + tile_cols], metric=metric,
+                                    p=p)
+            rows, cols = np.nonzero(dist <= radius)
+            hits = np.empty(len(rows), HIT)
+            hits["index"], hits["dist"] = index[j0 + cols], dist[rows, cols]
+            starts = np.searchsorted(rows, np.arange(len(dist) + 1))
+            for row in np.flatnonzero(np.diff(starts)):
+                found[i0 + row].append(hits[starts[row]:starts[row + 1]])
+    for row, parts in enumerate(found):
+        out[row, 0] = np.concatenate(parts) if parts else np.empty(0, HIT)
+    return out
+
+
+def merge_hits(parts: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    """Merge per-row :data:`HIT` arrays ``(n, r, 1)`` (object) along axis 1 into ``(n, 1)``,
+    ascending index. Associative (a ``combine`` of :func:`dkern.operators.pairwise_reduce`)."""
+    out = np.empty((parts.shape[0], 1), dtype=object)
+    for row in range(parts.shape[0]):
+        hits = np.concatenate([np.atleast_1d(h) for h in parts[row].ravel()])
+        out[row, 0] = hits[np.argsort(hits["index"], kind="stable")]
+    return out[:, None, :] if keepdims else out
 
 
 def sample_bound_metric(x: np.ndarray, sample: np.ndarray, *, k: int, metric: str,

@@ -22,7 +22,9 @@ from .kernel_ridge import KernelRidge
 from .nadaraya_watson import NadarayaWatson
 from .neighbors import KNeighborsClassifier, KNeighborsRegressor
 from .persist import load, save
+from .radius_neighbors import RadiusNeighborsClassifier, RadiusNeighborsRegressor
 
 __all__ = ["GaussianProcessClassifier", "GaussianProcessRegressor", "KNeighborsClassifier",
            "KNeighborsRegressor", "KernelDensity", "KernelLogisticRegression", "KernelRidge",
-           "NadarayaWatson", "load", "save"]
+           "NadarayaWatson", "RadiusNeighborsClassifier", "RadiusNeighborsRegressor", "load",
+           "save"]

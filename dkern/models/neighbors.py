@@ -54,20 +54,10 @@ class _Neighbors(DeclaredState, BaseEstimator):
         self.metric = metric
         self.backend = backend
 
-    def _metric(self) -> tuple[str, float]:
-        """(metric, p) of the search, checked: scikit-learn's names and its ``p``."""
-        metric, p = METRICS[check_choice(self.metric, "metric", tuple(METRICS))]
-        if p is None:
-            p = finite_number(self.p) if self.p != np.inf else np.inf
-            if p is None or p < 1:
-                raise ValueError(f"p must be a number >= 1 (Minkowski's power: 1 Manhattan, 2 "
-                                 f"Euclidean, inf Chebyshev); got {self.p!r}.")
-        return metric, float(p)
-
     def _fit_rows(self, X: Any) -> np.ndarray | da.Array:
         _check_k(self.n_neighbors)
         check_choice(self.weights, "weights", WEIGHTS)
-        self._metric()
+        checked_metric(self.metric, self.p)
         resolve_backend(self.backend)
         Xv = check_X(self, X, reset=True)
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
@@ -104,7 +94,7 @@ class _Neighbors(DeclaredState, BaseEstimator):
                              f"{k + itself}, n_samples_fit = {self.n_samples_fit_}"
                              f"{' (the query is the training data itself)' if itself else ''}."
                              " Ask for fewer neighbours.")
-        metric, p = self._metric()
+        metric, p = checked_metric(self.metric, self.p)
         dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
                                       data_rows(self.X_fit_, name="X_fit"), k + itself,
                                       backend=resolve_backend(self.backend), metric=metric, p=p)
@@ -308,6 +298,18 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
                                 lazy=("X_fit",),
                                 scalars={"n_features_in_": "positive",
                                          "n_samples_fit_": "positive", "classes_": "labels"}))
+
+
+def checked_metric(metric: Any, p: Any) -> tuple[str, float]:
+    """(metric, p) of a neighbour search, checked: one of scikit-learn's names in
+    ``METRICS``, and Minkowski's ``p`` >= 1 (inf allowed) where the name leaves it open."""
+    name, power = METRICS[check_choice(metric, "metric", tuple(METRICS))]
+    if power is None:
+        power = finite_number(p) if p != np.inf else np.inf
+        if power is None or power < 1:
+            raise ValueError(f"p must be a number >= 1 (Minkowski's power: 1 Manhattan, 2 "
+                             f"Euclidean, inf Chebyshev); got {p!r}.")
+    return name, float(power)
 
 
 def _check_k(k: Any) -> int:

@@ -67,6 +67,7 @@ from .kernel_logistic import KernelLogisticRegression
 from .kernel_ridge import KernelRidge
 from .nadaraya_watson import NadarayaWatson
 from .neighbors import KNeighborsClassifier, KNeighborsRegressor
+from .radius_neighbors import RadiusNeighborsClassifier, RadiusNeighborsRegressor
 
 __all__ = ["MODEL_FORMAT", "check_can_save", "load", "save"]
 
@@ -74,11 +75,12 @@ logger = logging.getLogger(__name__)
 
 Model = (KernelRidge | GaussianProcessRegressor | GaussianProcessClassifier
          | KernelLogisticRegression | KernelDensity | NadarayaWatson | KNeighborsRegressor
-         | KNeighborsClassifier)
+         | KNeighborsClassifier | RadiusNeighborsRegressor | RadiusNeighborsClassifier)
 #: The model classes a file may hold, by its "dkern_model" attribute.
 MODELS: dict[str, Any] = {cls.__name__: cls for cls in (
     KernelRidge, GaussianProcessRegressor, GaussianProcessClassifier, KernelLogisticRegression,
-    KernelDensity, NadarayaWatson, KNeighborsRegressor, KNeighborsClassifier)}
+    KernelDensity, NadarayaWatson, KNeighborsRegressor, KNeighborsClassifier,
+    RadiusNeighborsRegressor, RadiusNeighborsClassifier)}
 
 
 def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) -> None:

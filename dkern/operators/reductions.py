@@ -21,11 +21,13 @@ import numpy as np
 from ..backends import block_backend
 from ..backends.keops_backend import log_fallback_once
 from ..backends.neighbors import (
+    merge_hits,
     merge_neighbors,
     nearest_block_metric,
     neighbors_dtype,
     sample_bound,
     sample_bound_metric,
+    within_radius_block,
 )
 from ..backends.smoothing import merge_log_sums
 from ..kernels import Kernel
@@ -130,3 +132,21 @@ def _nearest_by_metric(queries: da.Array, training: da.Array, k: int, *, name: s
                               dtype=neighbors_dtype(k), name=name, combine=merge_neighbors,
                               labels=("X", "X_fit"), k=k, metric=metric, p=p)
     return records["sq"][:, 0], records["index"][:, 0]
+
+
+def radius_neighbors(queries: da.Array, training: da.Array, radius: float, *,
+                     metric: str = "minkowski", p: float = 2,
+                     name: str = "dk-radius") -> da.Array:
+    """The training rows within ``radius`` of every query row, by exact distance tiles
+    (:func:`~dkern.backends.neighbors.within_radius_block`, numpy on every backend).
+
+    Returns
+    -------
+    dask.array.Array of shape (q, 1), object
+        Per query row an array of :data:`~dkern.backends.neighbors.HIT` records (global
+        index, distance), ascending index.
+    """
+    index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.int64)[:, None]
+    return pairwise_reduce(within_radius_block, queries, training, [(index, "cols")],
+                           over="cols", width=1, dtype=object, name=name, combine=merge_hits,
+                           labels=("X", "X_fit"), radius=float(radius), metric=metric, p=p)
