@@ -7,7 +7,7 @@ The KDE's bandwidth rules are tested with the KDE (tests/test_smoothing.py).
 import dask.array as da
 import numpy as np
 import pytest
-from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
 from sklearn.kernel_ridge import KernelRidge as SklearnKernelRidge
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV, KFold, cross_val_score
@@ -152,3 +152,61 @@ def test_krr_sample_weight_equals_sklearns_and_is_refused_by_iterative_solvers()
         dkern.KernelRidge(n_centers=20).fit(X, y, sample_weight=w)
     with pytest.raises(ValueError, match="sample_weight must be finite and >= 0 .* got a weight"):
         dkern.KernelRidge().fit(X, y, sample_weight=-w)
+
+
+@pytest.mark.parametrize("load", [load_iris, load_wine])
+def test_multinomial_klr_equals_sklearns_logistic_regression(load, tmp_path):
+    """multi_class="multinomial" with the linear kernel is scikit-learn's (multinomial)
+    LogisticRegression(fit_intercept=False) at the same C: probabilities to 1e-6 (its
+    L-BFGS stops near there), the same predictions; a saved model gives the same."""
+    X, y = load(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    ours = dkern.KernelLogisticRegression(dkern.kernels.Linear(), C=0.5,
+                                          multi_class="multinomial", tol=1e-8).fit(X, y)
+    theirs = LogisticRegression(fit_intercept=False, C=0.5, tol=1e-12, max_iter=10_000).fit(X, y)
+    np.testing.assert_allclose(ours.predict_proba(X), theirs.predict_proba(X), atol=1e-6)
+    np.testing.assert_array_equal(ours.predict(X), theirs.predict(X))
+    assert ours.converged_ and ours.residuals_.shape == (ours.n_iter_ + 1, 3)
+    dkern.save(ours, tmp_path / "m.zarr")
+    np.testing.assert_array_equal(dkern.load(tmp_path / "m.zarr").predict_proba(X),
+                                  ours.predict_proba(X))
+
+
+def test_multinomial_klr_with_a_gaussian_kernel_minimises_the_softmax_objective():
+    """With a Gaussian kernel the fitted β minimises the dense objective
+    Σ(logsumexp(F) − Tᵀ F) + c/2 tr(βᵀKβ): its gradient K(π − T + cβ) is ~0 and a dense
+    L-BFGS-B from the fit cannot lower the objective (1e-8 relative); lazy rows give the
+    same fit; two classes are the binary problem; gd and unknown values are refused."""
+    from scipy.optimize import minimize
+    from scipy.special import logsumexp, softmax
+
+    X, y = load_iris(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    kernel = dkern.kernels.Gaussian(1.5)
+    model = dkern.KernelLogisticRegression(kernel, alpha=0.01, multi_class="multinomial",
+                                           tol=1e-10).fit(X, y)
+    K, T, c = kernel(X, X), np.eye(3)[y], len(X) * 0.01
+
+    def objective(flat):
+        beta = flat.reshape(-1, 3)
+        F = K @ beta
+        value = (logsumexp(F, axis=1) - (T * F).sum(1)).sum() + c / 2 * (beta * F).sum()
+        return value, (K @ (softmax(F, axis=1) - T + c * beta)).ravel()
+
+    value, gradient = objective(model.dual_coef_.ravel())
+    assert np.abs(gradient).max() < 1e-7 * len(X)
+    best = minimize(objective, model.dual_coef_.ravel(), jac=True, method="L-BFGS-B",
+                    options={"ftol": 1e-15, "gtol": 1e-12})
+    assert best.fun >= value - 1e-8 * abs(value)
+    lazy = dkern.KernelLogisticRegression(kernel, alpha=0.01, multi_class="multinomial",
+                                          tol=1e-10).fit(da.from_array(X, chunks=40), y)
+    np.testing.assert_allclose(np.asarray(lazy.dual_coef_), model.dual_coef_, atol=1e-8)
+    two = (y > 0).astype(int)
+    np.testing.assert_allclose(
+        dkern.KernelLogisticRegression(kernel, multi_class="multinomial").fit(X, two)
+        .predict_proba(X), dkern.KernelLogisticRegression(kernel).fit(X, two).predict_proba(X))
+    with pytest.raises(ValueError, match="multi_class='multinomial' is solved by "
+                                         "solver='newton-cg'; got solver='gd'"):
+        dkern.KernelLogisticRegression(multi_class="multinomial", solver="gd").fit(X, y)
+    with pytest.raises(ValueError, match=r"multi_class must be one of \['ovr', 'multinomial'\]"):
+        dkern.KernelLogisticRegression(multi_class="softmax").fit(X, y)

@@ -9,6 +9,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from scipy.special import softmax
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -35,10 +36,12 @@ from ._validation import (
 )
 from .labels import one_vs_rest_targets
 from .logistic import sigmoid
+from .logistic.multinomial import multinomial_newton
 
 logger = logging.getLogger(__name__)
 
 SOLVERS = ("newton-cg", "gd")
+MULTI_CLASS = ("ovr", "multinomial")
 
 
 class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, BaseEstimator):
@@ -72,6 +75,11 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         ``alpha = 1 / (n · C)`` for n training rows, so ``C`` means what it means in
         :class:`~sklearn.linear_model.LogisticRegression` (above). Leave ``alpha`` at its
         default when giving ``C``.
+    multi_class : {"ovr", "multinomial"}, default="ovr"
+        More than two classes: one-vs-rest problems (above), or one multinomial (softmax)
+        problem, ``P(k | x) ∝ exp(f̂ₖ(x))``, as scikit-learn's ``LogisticRegression`` fits
+        them (:mod:`dkern.models.logistic.multinomial`; ``solver="newton-cg"`` only).
+        Two classes are one binary problem either way.
     solver : {"newton-cg", "gd"}, default="newton-cg"
         ``"newton-cg"``: Newton's method in function space, each step's SPD system solved
         by CG on the lazy Gram operator, with a step-halving line search: a few Newton
@@ -128,12 +136,13 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         return Gaussian(1.0)
 
     def __init__(self, kernel: Kernel | None = None, *, alpha: float = 1.0,
-                 C: float | None = None, solver: str = "newton-cg", tol: float = 1e-6,
-                 max_iter: int | None = None, backend: str = "auto",
+                 C: float | None = None, multi_class: str = "ovr", solver: str = "newton-cg",
+                 tol: float = 1e-6, max_iter: int | None = None, backend: str = "auto",
                  random_state: Any = None) -> None:
         self.kernel = kernel
         self.alpha = alpha
         self.C = C
+        self.multi_class = multi_class
         self.solver = solver
         self.tol = tol
         self.max_iter = max_iter
@@ -165,6 +174,10 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
             "The logistic likelihood has no noise variance to learn; remove the White term "
             "(kernel.without_white()).")
         solver = check_choice(self.solver, "solver", SOLVERS)
+        if check_choice(self.multi_class, "multi_class", MULTI_CLASS) == "multinomial" \
+                and solver != "newton-cg":
+            raise ValueError(f"multi_class='multinomial' is solved by solver='newton-cg'; got "
+                             f"solver={solver!r}. Use solver='newton-cg', or multi_class='ovr'.")
         alpha = check_alpha(self.alpha, solver, role="the weight of the penalty α/2 βᵀKβ")
         tol = check_tol(self.tol)
         max_iter = check_optional_int(self.max_iter, "max_iter", 1)
@@ -196,6 +209,10 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         self._settle_at_close()
         return self
 
+    def _multinomial(self) -> bool:
+        """One softmax problem: multi_class='multinomial' with more than two classes."""
+        return self.multi_class == "multinomial" and len(self.classes_) > 2
+
     def _checked_C(self) -> float | None:
         """``C`` as a float > 0 given without a non-default ``alpha``, or None."""
         if self.C is None:
@@ -218,6 +235,11 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         T = da.from_array(one_vs_rest_targets(codes, len(self.classes_)),
                           chunks=(K.col_chunks, -1))
         nalpha = X.shape[0] * alpha
+        if self._multinomial():  # one-hot T: the one-vs-rest targets of 3+ classes
+            beta, n_iter, residuals, converged = multinomial_newton(
+                K, T, nalpha, tol=tol, max_iter=_klr.NEWTON_MAX_ITER if max_iter is None
+                else max_iter, callback=callback)
+            return _klr.KlrFit(beta, n_iter, residuals, np.array([converged]))
         if solver == "newton-cg":
             return _klr.newton_cg(K, T, nalpha, tol=tol, max_iter=max_iter, callback=callback)
         return _klr.gradient_descent(K, T, nalpha, tol=tol, max_iter=max_iter,
@@ -258,6 +280,9 @@ class KernelLogisticRegression(DefaultKernel, DeclaredState, ClassifierMixin, Ba
         """
         scores = self.decision_function(X)
         lib = da if isinstance(scores, da.Array) else np
+        if scores.ndim == 2 and self._multinomial():
+            return (scores.map_blocks(softmax, axis=1, dtype=np.float64) if lib is da
+                    else softmax(scores, axis=1))
         p = sigmoid(scores)
         if scores.ndim == 1:
             return lib.stack([1 - p, p], axis=1)

@@ -7,10 +7,11 @@ from .base import Operator, data_rows
 from .gram import GramOperator, gram
 from .memory import persist_budget
 from .pairwise import pairwise_map, pairwise_reduce, pairwise_rows
-from .scaled import IdentityPlusScaled
+from .scaled import IdentityPlusRowScaled, IdentityPlusScaled, flat_rows, rows_times, unflat_rows
 from .shifted import ShiftedOperator
 
 __all__ = [
-    "GramOperator", "IdentityPlusScaled", "Operator", "ShiftedOperator", "data_rows", "gram",
-    "pairwise_map", "pairwise_reduce", "pairwise_rows", "persist_budget",
+    "GramOperator", "IdentityPlusRowScaled", "IdentityPlusScaled", "Operator", "ShiftedOperator",
+    "data_rows", "gram", "pairwise_map", "pairwise_reduce", "pairwise_rows", "persist_budget",
+    "flat_rows", "rows_times", "unflat_rows",
 ]
