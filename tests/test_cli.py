@@ -385,6 +385,23 @@ def test_workers_of_a_later_cluster_see_variables_set_since_the_first(monkeypatc
         client.cluster.close()
 
 
+def test_workers_fork_from_the_server_unless_the_user_names_a_start_method(monkeypatch):
+    """dkern's embedded workers are forks of its fork server; a start method the user's
+    Dask config names (here by its environment variable) is kept."""
+    def command_line():
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+
+    with connect(n_workers=1) as client:
+        (forked,) = client.run(command_line).values()
+        client.cluster.close()
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "spawn")
+    with connect(n_workers=1) as client:
+        (spawned,) = client.run(command_line).values()
+        client.cluster.close()
+    assert "forkserver" in forked and "spawn_main" in spawned
+
+
 @pytest.fixture
 def gp_store(tmp_path):
     """A store with 500 training rows (X, y) and 200 test rows (X_test, y_test) in 2-d."""

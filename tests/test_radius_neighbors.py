@@ -86,11 +86,15 @@ def test_save_load_and_refusals(tmp_path):
     assert loaded.get_params() == fitted.get_params()
     np.testing.assert_array_equal(loaded.predict_proba(X[300:340]),
                                   fitted.predict_proba(X[300:340]))
-    for radius in (0, -1.0, np.inf, "2"):
-        with pytest.raises(ValueError, match="radius must be a finite number > 0"):
+    for radius in (-1.0, np.inf, "2"):
+        with pytest.raises(ValueError, match="radius must be a finite number >= 0"):
             RadiusNeighborsRegressor(radius).fit(X, y)
     with pytest.raises(ValueError, match="metric must be one of"):
         RadiusNeighborsRegressor(metric="hamming").fit(X, y)
+    duplicates = RadiusNeighborsRegressor(0.0).fit(np.vstack([X[:5], X[:5]]), np.ones(10))
+    assert [list(i) for i in duplicates.radius_neighbors(X[:2])[1]] == [[0, 5], [1, 6]]
+    with pytest.raises(ValueError, match="return_distance must be True if sort_results"):
+        duplicates.radius_neighbors(X[:2], return_distance=False, sort_results=True)
     with pytest.raises(ValueError, match="mode must be one of"):
         RadiusNeighborsRegressor().fit(X, y).radius_neighbors_graph(mode="weights")
 

@@ -152,6 +152,13 @@ def test_krr_sample_weight_equals_sklearns_and_is_refused_by_iterative_solvers()
         dkern.KernelRidge(n_centers=20).fit(X, y, sample_weight=w)
     with pytest.raises(ValueError, match="sample_weight must be finite and >= 0 .* got a weight"):
         dkern.KernelRidge().fit(X, y, sample_weight=-w)
+    scalar = dkern.KernelRidge(dkern.kernels.Gaussian(3.0), alpha=0.3).fit(X[:300], y[:300],
+                                                                          sample_weight=2.0)
+    np.testing.assert_allclose(scalar.dual_coef_, SklearnKernelRidge(
+        alpha=0.3, kernel="rbf", gamma=1 / 18).fit(X[:300], y[:300], sample_weight=2.0)
+        .dual_coef_, atol=1e-10)
+    with pytest.raises(dkern.errors.NotPositiveDefiniteError, match="singular .* alpha=0"):
+        dkern.KernelRidge(alpha=0.0, solver="exact").fit(X, y, sample_weight=w)
 
 
 @pytest.mark.parametrize("load", [load_iris, load_wine])

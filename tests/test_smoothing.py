@@ -141,6 +141,15 @@ def test_sample_weight_equals_sklearns_and_repeated_rows(name, tmp_path):
         assert 2.5 < (counts[3] / (w == 3).sum()) / (counts[1] / (w == 1).sum()) < 3.5
 
 
+def test_sample_draws_from_every_kernel_object_scikit_learn_samples():
+    """A dkern Gaussian kernel object samples (a membership test on the kernel names once
+    raised "unhashable type" for it): the draws spread as N(row, h²ℓ²) around the rows."""
+    X, _ = _diabetes()
+    draws = KernelDensity(Gaussian(2.0), bandwidth=0.1).fit(X[:1, :2]).sample(4000,
+                                                                           random_state=0)
+    np.testing.assert_allclose(draws.std(axis=0), [0.2, 0.2], rtol=0.05)
+
+
 @pytest.mark.parametrize("weights, match", [
     (-np.ones(300), "must be finite and >= 0 with a positive sum; got a weight -1"),
     (np.full(300, np.nan), "must be finite .* got NaN or infinity"),

@@ -232,8 +232,11 @@ def sample_bound_metric(x: np.ndarray, sample: np.ndarray, *, k: int, metric: st
                         p: float) -> np.ndarray:
     """:func:`sample_bound` for :func:`metric_distances`: each row's k-th smallest distance
     to the ``sample`` (training) rows, with a margin; shape (n, 1)."""
-    dist = metric_distances(x, sample, metric=metric, p=p)
-    kth = np.partition(dist, k - 1, axis=1)[:, k - 1:k]
+    kth = np.empty((len(x), 1))
+    rows = 128  # a (rows, len(sample)) distance block at a time
+    for i0 in range(0, len(x), rows):
+        dist = metric_distances(x[i0:i0 + rows], sample, metric=metric, p=p)
+        kth[i0:i0 + rows, 0] = np.partition(dist, k - 1, axis=1)[:, k - 1]
     return kth + 1e-12 * (1.0 + np.abs(kth))  # should a block's distance round differently
 
 

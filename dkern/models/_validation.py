@@ -75,13 +75,16 @@ def check_y(y: Any, n_rows: int, owner: str) -> np.ndarray | da.Array:
 
 
 def check_sample_weight(sample_weight: Any, n_rows: int) -> tuple[np.ndarray | da.Array, float]:
-    """Sample weights of shape (n_rows,), finite and >= 0 with a positive sum, and that sum.
+    """Sample weights of shape (n_rows,) (a number: the same for every row), finite and
+    >= 0 with a positive sum, and that sum.
 
     Dask and Zarr weights stay lazy; their checks read them once (n numbers).
     """
     lazy = is_lazy(sample_weight)
     w = as_rows(sample_weight, name="sample_weight", ndim=(1,)).astype(np.float64) if lazy \
         else np.asarray(sample_weight, dtype=np.float64)
+    if w.ndim == 0:  # one number for every row, as scikit-learn broadcasts it
+        w = np.full(n_rows, float(w))
     if w.ndim != 1 or w.shape[0] != n_rows:
         raise ValueError(f"sample_weight must have shape ({n_rows},), one weight per row of X; "
                          f"got shape {w.shape}.")

@@ -177,7 +177,7 @@ class KernelDensity(DeclaredState, BaseEstimator):
         ndarray of shape (n_samples, D)
         """
         check_is_fitted(self, "log_norm_")
-        if self.kernel in PROFILES and self.kernel != "tophat":
+        if isinstance(self.kernel, str) and self.kernel in PROFILES and self.kernel != "tophat":
             raise NotImplementedError(f"sample() draws from the 'gaussian', 'box' and 'tophat' "
                                       f"kernels (as scikit-learn, which also refuses the "
                                       f"others); got kernel={self.kernel!r}.")

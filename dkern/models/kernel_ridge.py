@@ -14,6 +14,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
+from ..errors import NotPositiveDefiniteError
 from ..io import Rows, is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
@@ -385,10 +386,19 @@ def _weighted_dual(kernel: Kernel, X: np.ndarray, y: np.ndarray, alpha: float,
                    weights: np.ndarray) -> np.ndarray:
     """The dual coefficients of weighted kernel ridge regression, as scikit-learn computes
     them: ``(S K S + alpha I) c = S y`` with ``S = diag(√w)``, then ``S c``; shape of y."""
-    s = np.sqrt(weights) if y.ndim == 1 else np.sqrt(weights)[:, None]
-    C = np.asarray(kernel(X), dtype=np.float64) * np.outer(np.sqrt(weights), np.sqrt(weights))
+    root = np.sqrt(weights)
+    s = root if y.ndim == 1 else root[:, None]
+    C = np.array(kernel(X), dtype=np.float64)  # scaled in place: one n × n array
+    C *= root[:, None]
+    C *= root[None, :]
     C[np.diag_indices_from(C)] += alpha
-    c = sla.solve(C, y * s, assume_a="pos", overwrite_a=True, check_finite=False)
+    try:
+        c = sla.solve(C, y * s, assume_a="pos", overwrite_a=True, check_finite=False)
+    except np.linalg.LinAlgError as err:
+        raise NotPositiveDefiniteError(
+            f"the weighted system S K S + alpha I is singular ({err}): with alpha={alpha:g} "
+            "the rows of weight 0 leave it without a full rank. Use alpha > 0, e.g. 1e-6 "
+            "times the largest kernel value, or drop those rows.") from None
     return np.ascontiguousarray(c * s)
 
 

@@ -80,6 +80,8 @@ class _RadiusNeighbors(DeclaredState, BaseEstimator):
             Per row, their rows of ``X_fit_`` (int64). In memory whatever X is.
         """
         check_is_fitted(self, "X_fit_")
+        if sort_results and not return_distance:
+            raise ValueError("return_distance must be True if sort_results is True.")
         r = _check_radius(self.radius if radius is None else radius)
         itself = X is None
         Xv = self.X_fit_ if itself else check_X(self, X, reset=False)
@@ -261,6 +263,10 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
                              "or considering removing them from your dataset.")
         label = self._outlier_value()
         hit = np.flatnonzero(self.classes_ == label) if label is not None else []
+        if empty.any() and not len(hit):
+            warnings.warn(f"Outlier label {label!r} is not in training classes. All class "
+                          "probabilities of outliers will be assigned with 0.", UserWarning,
+                          stacklevel=3)
         return int(hit[0]) if len(hit) else None
 
     def _outlier_value(self) -> Any:
@@ -278,6 +284,6 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
 
 def _check_radius(radius: Any) -> float:
     value = finite_number(radius)
-    if value is None or value <= 0:
-        raise ValueError(f"radius must be a finite number > 0; got {radius!r}.")
+    if value is None or value < 0:
+        raise ValueError(f"radius must be a finite number >= 0; got {radius!r}.")
     return value

@@ -21,7 +21,12 @@ from .._closing import settle
 from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
 from .checks import SAFE_DESERIALIZERS, ClusterVersionError
 from .config import WORKER_CONFIG, worker_config
-from .forkserver import METHOD_KEY, start_preloaded_forkserver, worker_start_method
+from .forkserver import (
+    METHOD_KEY,
+    start_preloaded_forkserver,
+    user_start_method,
+    worker_start_method,
+)
 from .gpus import GpuLocalCluster, gpu_ids
 from .probe import NotASchedulerError, probe_scheduler
 from .watch import PauseWatch, WorkersPausedWarning
@@ -172,10 +177,10 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     # Read by each nanny when it is created (and reused if it restarts its worker).
     settings = worker_config()
-    settings[METHOD_KEY] = worker_start_method(settings[METHOD_KEY])
+    settings[METHOD_KEY] = worker_start_method(user_start_method() or settings[METHOD_KEY])
     with dask.config.set(settings), _spawn_environ(settings):
         if settings[METHOD_KEY] == "forkserver" and kwargs.get("processes", True):
-            kwargs["env"] = {**start_preloaded_forkserver(), **kwargs.get("env", {})}
+            kwargs["env"] = {**start_preloaded_forkserver(), **(kwargs.get("env") or {})}
         cluster = LocalCluster(**kwargs) if devices is None else \
             GpuLocalCluster(devices, **kwargs)
     try:

@@ -17,6 +17,8 @@ import multiprocessing
 import os
 from multiprocessing import forkserver
 
+import dask
+
 logger = logging.getLogger(__name__)
 
 #: What the server imports before it forks workers (``dkern`` imports numpy, scipy, dask,
@@ -25,6 +27,15 @@ PRELOAD = ["distributed", "dkern"]
 
 #: The dask setting that names the start method of worker processes.
 METHOD_KEY = "distributed.worker.multiprocessing-method"
+
+
+def user_start_method() -> str | None:
+    """The start method the user's Dask config names, if it names one: a value other than
+    distributed's default ``"spawn"``, or any value set by its environment variable.
+    dkern's setting yields to it."""
+    method = dask.config.get(METHOD_KEY, "spawn")
+    chosen = method != "spawn" or "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD" in os.environ
+    return method if chosen else None
 
 
 def worker_start_method(requested: str) -> str:
