@@ -29,6 +29,21 @@ from ._validation import (
 )
 
 WEIGHTS = ("uniform", "distance")
+#: The file :func:`dkern.save` writes for a neighbours regressor: the training rows
+#: (``n`` × ``d``) and targets (held in memory; "t?": (n,) or (n, t)); no kernel.
+TARGETS_FILE = ModelFile(marker="y_fit_", kernel="given", dims=(samples_dim,),
+                         layouts=FileLayout(arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")},
+                                            lazy=("X_fit",),
+                                            scalars={"n_features_in_": "positive",
+                                                     "n_samples_fit_": "positive"}))
+#: ... and for a classifier: the rows and their labels as indices into ``classes_`` (JSON,
+#: with its dtype).
+LABELS_FILE = ModelFile(marker="y_codes_", kernel="given", dims=(samples_dim,),
+                        layouts=FileLayout(arrays={"X_fit": ("n", "d"), "y_codes": ("n",)},
+                                           lazy=("X_fit",),
+                                           scalars={"n_features_in_": "positive",
+                                                    "n_samples_fit_": "positive",
+                                                    "classes_": "labels"}))
 #: scikit-learn's metric names dkern computes, as (metric, p) of
 #: :func:`dkern.operators.reductions.nearest_neighbors` (None: the ``p`` parameter's).
 METRICS: dict[str, tuple[str, float | None]] = {
@@ -191,10 +206,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
         -------
         self
         """
-        Xv = self._fit_rows(X)
-        self.y_fit_ = in_memory(check_y(y, Xv.shape[0], "KNeighborsRegressor"))
-        self._settle_at_close()
-        return self
+        return held_targets(self, X, y)
 
     @labelled_output("prediction")
     def predict(self, X: Rows) -> Any:
@@ -209,14 +221,7 @@ class KNeighborsRegressor(RegressorMixin, _Neighbors):
             pred = _weighted_mean(ind, w, y=y2)
         return pred[:, 0] if self.y_fit_.ndim == 1 else pred
 
-    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and targets
-    #: (held in memory; "t?": (n,) or (n, t)); no kernel.
-    _model_file = ModelFile(marker="y_fit_", kernel="given", dims=(samples_dim,),
-                            layouts=FileLayout(
-                                arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")},
-                                lazy=("X_fit",),
-                                scalars={"n_features_in_": "positive",
-                                         "n_samples_fit_": "positive"}))
+    _model_file = TARGETS_FILE
 
 
 class KNeighborsClassifier(ClassifierMixin, _Neighbors):
@@ -263,11 +268,7 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         -------
         self
         """
-        Xv = self._fit_rows(X)
-        labels = check_labels(y, Xv.shape[0], "KNeighborsClassifier")
-        self.classes_, self.y_codes_ = np.unique(labels, return_inverse=True)
-        self._settle_at_close()
-        return self
+        return held_labels(self, X, y)
 
     @labelled_output("probability", column_dim="class", columns="classes_")
     def predict_proba(self, X: Rows) -> Any:
@@ -290,14 +291,24 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
             return da.map_blocks(self.classes_.take, winner, dtype=self.classes_.dtype)
         return self.classes_[winner]
 
-    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and their
-    #: labels as indices into ``classes_`` (JSON, with its dtype); no kernel.
-    _model_file = ModelFile(marker="y_codes_", kernel="given", dims=(samples_dim,),
-                            layouts=FileLayout(
-                                arrays={"X_fit": ("n", "d"), "y_codes": ("n",)},
-                                lazy=("X_fit",),
-                                scalars={"n_features_in_": "positive",
-                                         "n_samples_fit_": "positive", "classes_": "labels"}))
+    _model_file = LABELS_FILE
+
+
+def held_targets(model: Any, X: Any, y: Any) -> Any:
+    """A neighbours regressor's fit: its checked rows and its targets, held in memory."""
+    Xv = model._fit_rows(X)
+    model.y_fit_ = in_memory(check_y(y, Xv.shape[0], type(model).__name__))
+    model._settle_at_close()
+    return model
+
+
+def held_labels(model: Any, X: Any, y: Any) -> Any:
+    """A neighbours classifier's fit: its checked rows, ``classes_`` and each row's class."""
+    Xv = model._fit_rows(X)
+    labels = check_labels(y, Xv.shape[0], type(model).__name__)
+    model.classes_, model.y_codes_ = np.unique(labels, return_inverse=True)
+    model._settle_at_close()
+    return model
 
 
 def checked_metric(metric: Any, p: Any) -> tuple[str, float]:

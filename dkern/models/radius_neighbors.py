@@ -24,16 +24,21 @@ from ..io import Rows
 from ..operators import data_rows
 from ..operators.reductions import radius_neighbors
 from ._labels import labelled_fit, labelled_score
-from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
+from ._model_file import DeclaredState
 from ._validation import (
     check_choice,
-    check_labels,
     check_X,
-    check_y,
     finite_number,
-    in_memory,
 )
-from .neighbors import WEIGHTS, _inverse_distance, checked_metric
+from .neighbors import (
+    LABELS_FILE,
+    TARGETS_FILE,
+    WEIGHTS,
+    _inverse_distance,
+    checked_metric,
+    held_labels,
+    held_targets,
+)
 
 
 class _RadiusNeighbors(DeclaredState, BaseEstimator):
@@ -157,10 +162,7 @@ class RadiusNeighborsRegressor(RegressorMixin, _RadiusNeighbors):
     @labelled_fit
     def fit(self, X: Rows, y: Rows) -> RadiusNeighborsRegressor:
         """Keep the training rows and targets (held in memory)."""
-        Xv = self._fit_rows(X)
-        self.y_fit_ = in_memory(check_y(y, Xv.shape[0], "RadiusNeighborsRegressor"))
-        self._settle_at_close()
-        return self
+        return held_targets(self, X, y)
 
     def predict(self, X: Rows) -> np.ndarray:
         """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T)."""
@@ -176,12 +178,7 @@ class RadiusNeighborsRegressor(RegressorMixin, _RadiusNeighbors):
                           "predicting NaN.", UserWarning, stacklevel=2)
         return pred[:, 0] if self.y_fit_.ndim == 1 else pred
 
-    _model_file = ModelFile(marker="y_fit_", kernel="given", dims=(samples_dim,),
-                            layouts=FileLayout(
-                                arrays={"X_fit": ("n", "d"), "y_fit": ("n", "t?")},
-                                lazy=("X_fit",),
-                                scalars={"n_features_in_": "positive",
-                                         "n_samples_fit_": "positive"}))
+    _model_file = TARGETS_FILE
 
 
 class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
@@ -216,11 +213,7 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
     @labelled_fit
     def fit(self, X: Rows, y: Rows) -> RadiusNeighborsClassifier:
         """Keep the training rows and labels."""
-        Xv = self._fit_rows(X)
-        labels = check_labels(y, Xv.shape[0], "RadiusNeighborsClassifier")
-        self.classes_, self.y_codes_ = np.unique(labels, return_inverse=True)
-        self._settle_at_close()
-        return self
+        return held_labels(self, X, y)
 
     def predict_proba(self, X: Rows) -> np.ndarray:
         """The neighbours' (weighted) vote shares; shape (m, n_classes). A row without
@@ -274,12 +267,7 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
             return self.classes_[np.bincount(self.y_codes_).argmax()]
         return self.outlier_label
 
-    _model_file = ModelFile(marker="y_codes_", kernel="given", dims=(samples_dim,),
-                            layouts=FileLayout(
-                                arrays={"X_fit": ("n", "d"), "y_codes": ("n",)},
-                                lazy=("X_fit",),
-                                scalars={"n_features_in_": "positive",
-                                         "n_samples_fit_": "positive", "classes_": "labels"}))
+    _model_file = LABELS_FILE
 
 
 def _check_radius(radius: Any) -> float:
