@@ -119,10 +119,12 @@ def test_cg_learning_above_the_exact_limit_reaches_the_dense_optimum(monkeypatch
 @pytest.mark.parametrize("kernel", [1.5 * Gaussian([1.0, 2.0, 0.5, 1.0]) + White(0.1),
                                     White(0.2) + Gaussian(1.3), Gaussian([1.0, 1.0, 2.0, 3.0])])
 @pytest.mark.parametrize("far", [0.0, 1e4])
-def test_gradient_products_from_cached_blocks_equal_the_derivative_blocks(kernel, far):
-    """The expanded products on cached blocks (c · Gaussian + White; X centred, so any
-    offset is harmless) equal the derivative tiles to 1e-11 relative; with one row ``far``
-    away, where the expansion would cancel, the derivative tiles are used instead."""
+@pytest.mark.parametrize("cache", [True, False])
+def test_gradient_products_from_cached_blocks_equal_the_derivative_blocks(kernel, far, cache):
+    """The expanded products on cached blocks, or on tiles computed again (c · Gaussian +
+    White; X centred, so any offset is harmless) equal the derivative tiles to 1e-11
+    relative; with one row ``far`` away, where the expansion would cancel, the derivative
+    tiles are used instead."""
     X, _ = _diabetes(150)
     X = X + 1e6
     X[0] += far
@@ -131,7 +133,8 @@ def test_gradient_products_from_cached_blocks_equal_the_derivative_blocks(kernel
     assert K.cache_blocks(10**9)
     np.testing.assert_allclose((K @ V).compute(), kernel.without_white()(X) @ V.compute(),
                                rtol=1e-12, atol=1e-12)
-    got = gram_gradient_products(kernel, X, V, backend="numpy", cached=K).compute()
+    got = gram_gradient_products(kernel, X, V, backend="numpy",
+                                 cached=K if cache else None).compute()
     want = np.einsum("ijp,jt->itp", kernel.gradient(X, X), V.compute())
     np.testing.assert_allclose(got, want, atol=1e-11 * np.abs(want).max())
 

@@ -1,13 +1,15 @@
-"""``∂K/∂θ · V`` for every hyperparameter at once, from cached Gram blocks where that is exact.
+"""``∂K/∂θ · V`` for every hyperparameter at once, as one product with K where that is exact.
 
 For ``K = c · Gaussian(ℓ)`` (ARD or not; plus White terms, whose blocks are zero)::
 
     ∂K/∂log c = K,        ∂K/∂log ℓ_d = K ∘ D_d,     D_d[i, j] = (x_id − x_jd)² / ℓ_d²,
 
 and ``(K ∘ D_d) V = (x_d² ∘ K V − 2 x_d ∘ K (x_d ∘ V) + K (x_d² ∘ V)) / ℓ_d²``: every
-derivative product is a product with K itself, so with K's blocks cached one product with
-``(2d + 1) t`` columns gives all of them (memory-bound BLAS instead of a derivative tile per
-hyperparameter). The expansion cancels when ``|x_d|`` dwarfs ℓ_d, so X is centred first and
+derivative product is a product with K itself, so one product with ``(2d + 1) t`` columns
+gives all of them: BLAS on K's cached blocks, or on its tiles computed once more, instead of
+a (tile × m × p) derivative block per tile (at n = 100,000 with 10 hyperparameters that
+pass did not finish in 11 minutes, benchmarks/RESULTS.md). The expansion cancels when
+``|x_d|`` dwarfs ℓ_d, so X is centred first and
 the expansion is used only while ``(max |x_d| / ℓ_d)²`` stays below ``EXPANSION_LIMIT``;
 any other kernel or data goes through the backend's ``kernel_grad_matvec`` blocks
 (:meth:`~dkern.operators.gram.GramOperator.gradient_matvec`).
@@ -72,15 +74,17 @@ def gram_gradient_products(kernel: Kernel, X: Any, V: da.Array, *, backend: str,
     backend : {"auto", "numpy", "keops", "triton"}
     cached : GramOperator, optional
         ``gram(kernel.without_white(), X)`` with its blocks cached: the expanded products
-        (module docstring) use it when the kernel is ``c · Gaussian`` (+ White).
+        (module docstring) use it when the kernel is ``c · Gaussian`` (+ White); without
+        it they compute K's tiles once more.
     """
-    form = None if cached is None or cached.cached is None else gaussian_form(
-        kernel, cached.X.shape[1])
-    if cached is not None and form is not None:
-        Xc = cached.X - cached.X.mean(axis=0)
+    form = gaussian_form(kernel, X.shape[1])
+    if form is not None:
+        K = cached if cached is not None and cached.cached is not None else gram(
+            kernel.without_white(), X, backend=backend, dtype=np.float64)
+        Xc = K.X - K.X.mean(axis=0)
         (reach,) = dask.compute((abs(Xc).max(axis=0) / form.lengthscale) ** 2)
         if reach.max() <= EXPANSION_LIMIT:
-            return _expanded_products(cached, Xc, V, form, len(kernel.theta))
+            return _expanded_products(K, Xc, V, form, len(kernel.theta))
     return gram(kernel, X, backend=backend, dtype=np.float64).gradient_matvec(V)
 
 
