@@ -300,17 +300,12 @@ def main() -> None:
                         help="instead of running GPyTorch: its JSON line from an earlier "
                         "run of gpytorch_exact.py with the same --n and --test")
     args = parser.parse_args()
-    if args.large:
-        body = large(args)
+    if args.large or args.compare:
+        body, section = (large(args), f"gp-learning-large-{args.large}") if args.large else \
+            (compare(args), f"gp-learning-vs-gpytorch-{args.compare}")
         print(body)
         if not args.no_write:
-            update_section(f"gp-learning-large-{args.large}", body)
-        return
-    if args.compare:
-        body = compare(args)
-        print(body)
-        if not args.no_write:
-            update_section(f"gp-learning-vs-gpytorch-{args.compare}", body)
+            update_section(section, body)
         return
     kernel = 0.5 * Gaussian([1.0, 2.0, 2.0, 1.0, 1.0, 1.0]) + White(0.01)
     rows = []
