@@ -6,8 +6,8 @@ the marginal likelihood and hyperparameter learning (both hold the posterior obj
 :mod:`.posteriors`, one per way of solving ``(K + alpha I) a = y``); ``GaussianProcessClassifier``
 is binary (and one-vs-rest) Laplace GP classification; ``KernelLogisticRegression``
 is penalised kernel logistic regression by Newton-CG or gradient descent;
-``KernelDensity``, ``NadarayaWatson`` and ``KNeighbors*`` are the classic toolbox's
-memory-based estimators, each one reduction over the training rows; ``save`` and
+``KernelDensity``, ``NadarayaWatson``, ``KNeighbors*`` and ``RadiusNeighbors*`` are the
+classic toolbox's memory-based estimators, each one reduction over the training rows; ``save`` and
 ``load`` store a fitted model as one atomically published Zarr group (arrays plus JSON
 attributes, never pickle).
 """

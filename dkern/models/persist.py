@@ -30,8 +30,8 @@ with the target normalisation ``y_train_mean`` / ``y_train_std``, its given ``ke
 (null for the default) and its learned ``fitted_kernel``; ``GaussianProcessClassifier``
 ``X_fit``, ``y_train`` and ``pi`` (never an n × n factor); ``KernelLogisticRegression``
 ``dual_coef``, ``X_fit``, ``residuals``; the memory-based ``KernelDensity``,
-``NadarayaWatson`` and ``KNeighbors*`` their training data. Classifiers store
-``classes_`` as a JSON list with its numpy dtype (:mod:`dkern.models.labels`).
+``NadarayaWatson``, ``KNeighbors*`` and ``RadiusNeighbors*`` their training data.
+Classifiers store ``classes_`` as a JSON list with its numpy dtype (:mod:`dkern.models.labels`).
 
 The kernel is stored as its ``repr`` and rebuilt by :func:`dkern.kernels.from_repr`,
 which runs no Python beyond kernel names, numbers and the kernel algebra. These
