@@ -199,22 +199,24 @@ def within_radius_block(x: np.ndarray, z: np.ndarray, index: np.ndarray, *, radi
         Per row of x an array of :data:`HIT` records (ascending index): the partial
         result :func:`merge_hits` merges across training blocks.
     """
-    out = np.empty((len(x), 1), dtype=object)
-    found: list[list[np.ndarray]] = [[] for _ in range(len(x))]
     index = np.asarray(index, dtype=np.int64)[:, 0]
+    rows, hits = [np.empty(0, np.int64)], [np.empty(0, HIT)]
     tile_rows, tile_cols = TILE
     for j0 in range(0, len(z), tile_cols):
         for i0 in range(0, len(x), tile_rows):
             dist = metric_distances(x[i0:i0 + tile_rows], z[j0:j0 + tile_cols], metric=metric,
                                     p=p)
-            rows, cols = np.nonzero(dist <= radius)
-            hits = np.empty(len(rows), HIT)
-            hits["index"], hits["dist"] = index[j0 + cols], dist[rows, cols]
-            starts = np.searchsorted(rows, np.arange(len(dist) + 1))
-            for row in np.flatnonzero(np.diff(starts)):
-                found[i0 + row].append(hits[starts[row]:starts[row + 1]])
-    for row, parts in enumerate(found):
-        out[row, 0] = np.concatenate(parts) if parts else np.empty(0, HIT)
+            r, c = np.nonzero(dist <= radius)
+            found = np.empty(len(r), HIT)
+            found["index"], found["dist"] = index[j0 + c], dist[r, c]
+            rows.append(i0 + r)
+            hits.append(found)
+    row, hit = np.concatenate(rows), np.concatenate(hits)
+    order = np.lexsort((hit["index"], row))  # by row, then ascending index
+    bounds = np.searchsorted(row[order], np.arange(1, len(x)))
+    out = np.empty((len(x), 1), dtype=object)
+    for i, part in enumerate(np.split(hit[order], bounds)):
+        out[i, 0] = part
     return out
 
 

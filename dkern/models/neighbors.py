@@ -71,13 +71,7 @@ class _Neighbors(DeclaredState, BaseEstimator):
 
     def _fit_rows(self, X: Any) -> np.ndarray | da.Array:
         _check_k(self.n_neighbors)
-        check_choice(self.weights, "weights", WEIGHTS)
-        checked_metric(self.metric, self.p)
-        resolve_backend(self.backend)
-        Xv = check_X(self, X, reset=True)
-        self.X_fit_ = X if isinstance(X, da.Array) else Xv
-        self.n_samples_fit_ = int(Xv.shape[0])
-        return Xv
+        return held_rows(self, X)
 
     @labelled_output("distance", "index", column_dim="neighbor")
     @worker_failures()
@@ -292,6 +286,18 @@ class KNeighborsClassifier(ClassifierMixin, _Neighbors):
         return self.classes_[winner]
 
     _model_file = LABELS_FILE
+
+
+def held_rows(model: Any, X: Any) -> np.ndarray | da.Array:
+    """A neighbours estimator's fit of X: its weights, metric and backend checked, the rows
+    kept as given (dask or Zarr rows lazy); the checked rows."""
+    check_choice(model.weights, "weights", WEIGHTS)
+    checked_metric(model.metric, model.p)
+    resolve_backend(model.backend)
+    Xv = check_X(model, X, reset=True)
+    model.X_fit_ = X if isinstance(X, da.Array) else Xv
+    model.n_samples_fit_ = int(Xv.shape[0])
+    return Xv
 
 
 def held_targets(model: Any, X: Any, y: Any) -> Any:

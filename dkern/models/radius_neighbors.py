@@ -11,7 +11,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -33,10 +32,10 @@ from ._validation import (
 from .neighbors import (
     LABELS_FILE,
     TARGETS_FILE,
-    WEIGHTS,
     _inverse_distance,
     checked_metric,
     held_labels,
+    held_rows,
     held_targets,
 )
 
@@ -54,13 +53,7 @@ class _RadiusNeighbors(DeclaredState, BaseEstimator):
 
     def _fit_rows(self, X: Any) -> Any:
         _check_radius(self.radius)
-        check_choice(self.weights, "weights", WEIGHTS)
-        checked_metric(self.metric, self.p)
-        resolve_backend(self.backend)
-        Xv = check_X(self, X, reset=True)
-        self.X_fit_ = X if isinstance(X, da.Array) else Xv
-        self.n_samples_fit_ = int(Xv.shape[0])
-        return Xv
+        return held_rows(self, X)
 
     @worker_failures()
     def radius_neighbors(self, X: Rows | None = None, radius: float | None = None,
