@@ -120,8 +120,9 @@ class KernelDensity(DeclaredState, BaseEstimator):
         self.log_norm_ = float(-np.log(total) - volume)
         self.X_fit_ = X if isinstance(X, da.Array) else Xv
         self.sample_weight_ = weights
-        logger.info("KernelDensity: %d rows, %d features, %s kernel, bandwidth %g", n, d,
-                    "box" if box else "Gaussian", h)
+        logger.info("KernelDensity: %d rows, %d features, %s kernel, bandwidth %g%s", n, d,
+                    "box" if box else getattr(kernel, "profile", "Gaussian"), h,
+                    "" if weights is None else ", weighted rows")
         self._settle_at_close()
         return self
 
@@ -208,8 +209,9 @@ class KernelDensity(DeclaredState, BaseEstimator):
         if "bandwidth_" not in state:
             self.bandwidth_ = _smoothing.check_bandwidth(self.bandwidth)
 
-    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``). "kernel" is a
-    #: dkern kernel's repr, or null for a named one (then in "params").
+    #: The file :func:`dkern.save` writes: the training rows (``n`` × ``d``) and, when
+    #: given, their weights (``n``). "kernel" is a dkern kernel's repr, or null for a named
+    #: one (then in "params").
     _model_file = ModelFile(marker="log_norm_", kernel="given", layouts=FileLayout(
         arrays={"X_fit": ("n", "d"), "sample_weight": ("n",)}, lazy=("X_fit", "sample_weight"),
         optional=("sample_weight",),

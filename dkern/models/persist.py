@@ -120,8 +120,8 @@ def save(model: Model, url: str | os.PathLike[str], *, overwrite: bool = False) 
     check_can_save(url, overwrite=overwrite)
     state = model._file_state()
     layout = model._file_layout()
-    arrays = {name: state[name] for name in layout.arrays if state.get(name) is not None
-              or name not in layout.optional}
+    arrays = {name: state[name]
+              for name in layout.stored([key for key, value in state.items() if value is not None])}
     fitted = encode_scalars(state, layout.kinds(), kind)
     fitted.update({f"{name}_lazy": isinstance(state.get(name), da.Array) for name in layout.lazy})
     attrs.update({"dkern_model": kind, "format": MODEL_FORMAT, "dkern_version": __version__,
