@@ -126,24 +126,42 @@ def gpu_methods(X, Z, v, ell, client):
 
 
 def tile_sweep(n, d, dtypes, rng):
-    """Seconds of one fused Triton product per (BN, BM, warps), n = m, Gaussian, t = 1."""
+    """Seconds of one fused Triton product per (BN, BM, warps, chunk), n = m, Gaussian,
+    t = 1: the table, and the fastest shape per dtype."""
     from dkern.backends.triton_backend import matvec_block_triton
 
-    rows = []
+    rows, best = [], {}
     for dtype in dtypes:
         X, Z = (rng.standard_normal((n, d)).astype(dtype) for _ in range(2))
         v = rng.standard_normal((n, 1)).astype(dtype)
-        for tiles in TILES:
+        for shape in TILES[dtype]:
             seconds, _ = best_time(
-                lambda t=tiles, X=X, Z=Z, v=v: matvec_block_triton(Gaussian(np.sqrt(d)), X, Z, v,
-                                                                  tiles=t), 1)
-            rows.append([dtype, d, str(tiles), f"{seconds:.3f}", f"{n * n / seconds / 1e9:,.1f}"])
-            print(f"tiles {dtype} {tiles}: {seconds:.3f} s", file=sys.stderr)
-    return markdown_table(["dtype", "d", "(BN, BM, warps)", "seconds", "G entries/s"], rows)
+                lambda s=shape, X=X, Z=Z, v=v: matvec_block_triton(
+                    Gaussian(np.sqrt(d)), X, Z, v, tiles=s[:3], chunk=s[3]), 1)
+            rows.append([dtype, d, str(shape), f"{seconds:.3f}", f"{n * n / seconds / 1e9:,.1f}"])
+            print(f"tiles {dtype} {shape}: {seconds:.3f} s", file=sys.stderr, flush=True)
+            if dtype not in best or seconds < best[dtype][1]:
+                best[dtype] = (shape, seconds)
+    header = ["dtype", "d", "(BN, BM, warps, chunk)", "seconds", "G entries/s"]
+    return markdown_table(header, rows), {dtype: shape for dtype, (shape, _) in best.items()}
 
 
-#: Tile shapes the sweep times (rows, columns, warps).
-TILES = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64, 2)]
+#: Shapes the sweep times: rows and columns of a tile, warps, and the tiles a one-column
+#: product sums entry by entry before reducing across columns.
+TILES = {
+    "float32": [(128, 64, 4, 16), (128, 64, 4, 64), (128, 32, 4, 16), (64, 64, 4, 16),
+                (256, 64, 8, 16), (128, 128, 8, 16), (128, 64, 8, 16), (256, 32, 4, 16)],
+    "float64": [(128, 64, 4, 16), (64, 64, 4, 16), (128, 32, 4, 16), (64, 32, 2, 16)],
+}
+
+
+def use_tiles(best):
+    """Make the sweep's fastest shapes the Triton backend's for this run's table."""
+    from dkern.backends import triton_backend
+
+    for dtype, shape in best.items():
+        triton_backend.GPU_TILES[dtype], triton_backend.GPU_CHUNK[dtype] = shape[:3], shape[3]
+    return "; ".join(f"{dtype} {shape}" for dtype, shape in best.items())
 
 
 def gpu_facts():
@@ -198,6 +216,11 @@ def main() -> None:
         client = (dkern.connect(n_workers=1, threads_per_worker=2) if args.gpu
                   else dkern.connect(n_workers=2, threads_per_worker=1))
     rng = np.random.default_rng(0)
+    sweep, tiles = "", ""
+    if args.gpu and args.tile_sweep is not None:  # first: the table then uses the best
+        sweep, best = tile_sweep(args.n, args.dims[0], args.tile_sweep or args.dtypes, rng)
+        tiles = (" Triton's tiles (BN, BM, warps, chunk) in the table: the sweep's fastest, "
+                 f"{use_tiles(best)}.")
     table = {}
     for dtype in args.dtypes:
         for d in args.dims:
@@ -208,12 +231,12 @@ def main() -> None:
     where = "GPU" if args.gpu else "CPU"
     body = (f"## Gram matvec throughput, {where} (`benchmarks/gram.py`)\n\n"
             f"n = m = {args.n:,}, Gaussian kernel, t = 1. Machine: {machine()}"
-            f"{gpu_facts() if args.gpu else ''}.\n\n" + summarise(args.n, table, args.gpu))
-    update_section(f"gram-{where.lower()}", body)  # before the sweep: a timeout keeps it
-    if args.gpu and args.tile_sweep is not None:
+            f"{gpu_facts() if args.gpu else ''}.{tiles}\n\n"
+            + summarise(args.n, table, args.gpu))
+    if sweep:
         body += ("\n\n### Triton tile shapes (one fused product, best of one after a warm-up)"
-                 "\n\n" + tile_sweep(args.n, args.dims[0], args.tile_sweep or args.dtypes, rng))
-        update_section(f"gram-{where.lower()}", body)
+                 "\n\n" + sweep)
+    update_section(f"gram-{where.lower()}", body)
     print(body)
     if client is not None:
         client.close()

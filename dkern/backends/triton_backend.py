@@ -6,7 +6,7 @@ coordinates (:mod:`.triton_source` writes that part for the kernel at hand) and 
 it into the result at once, flash-attention style. This module moves the operands to
 the device, compiles each generated source once per process, and launches.
 float64 operands compute in float64; float32 operands compute their kernel values
-and each tile's partial sums in float32 and accumulate the tiles in float64, so a
+and the partial sums of a few tiles in float32 and accumulate those in float64, so a
 sum over a million columns keeps float32's relative accuracy, not loses it.
 
 Triton compiles for CUDA GPUs; with ``TRITON_INTERPRET=1`` its interpreter runs the
@@ -43,7 +43,12 @@ logger = logging.getLogger(__name__)
 #: fastest of benchmarks/gram.py's sweep on an H100 (RESULTS.md). Under the interpreter
 #: bigger tiles mean fewer Python-level steps.
 GPU_TILES = {"float32": (128, 64, 4), "float64": (128, 64, 4)}
-INTERPRETER_TILES = (128, 128, 1)
+INTERPRETER_TILES = (128, 64, 1)
+#: Tiles a one-column product sums entry by entry before it reduces across their columns
+#: into its float64 total: more is fewer reductions, fewer is float32 sums of fewer terms.
+#: Under the interpreter 2, so the tests' small blocks take both loops.
+GPU_CHUNK = {"float32": 16, "float64": 16}
+INTERPRETER_CHUNK = 2
 #: The interpreter patches triton.language while a kernel runs, so two threads' launches
 #: (dask's threaded scheduler) would see each other's patches: it takes one at a time.
 _INTERPRETER_LOCK = threading.Lock()
@@ -84,11 +89,13 @@ def _tensor(a: np.ndarray, device: Any) -> Any:
 
 
 def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
-                        tiles: tuple[int, int, int] | None = None) -> np.ndarray:
+                        tiles: tuple[int, int, int] | None = None,
+                        chunk: int | None = None) -> np.ndarray:
     """``kernel(x, z) @ v`` for x (n, d), z (m, d), v (m, t) or (m,); shape (n, t), float64.
 
     The kernel values are computed in x's float dtype (float32 or float64) and never
-    stored. ``tiles`` overrides (BN, BM, warps), as the GPU benchmark does.
+    stored. ``tiles`` overrides (BN, BM, warps) and ``chunk`` the tiles summed entry by
+    entry (:data:`GPU_CHUNK`), as the GPU benchmark's sweep does.
     Raises :class:`~dkern.backends.triton_source.NoTritonSource` for a kernel Triton
     cannot express.
     """
@@ -103,6 +110,7 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
     run = _compiled(source)
     device = _device()
     bn, bm, warps = tiles or (INTERPRETER_TILES if interpreting() else GPU_TILES[dtype.name])
+    chunk = chunk or (INTERPRETER_CHUNK if interpreting() else GPU_CHUNK[dtype.name])
     ct = triton.language.float32 if dtype == np.float32 else triton.language.float64
     xt, zt = _tensor(x, device), _tensor(z, device)
     pt = _tensor(params.astype(dtype) if len(params) else np.zeros(1, dtype), device)
@@ -115,8 +123,8 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
         if n and m:
             with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
                 run[(triton.cdiv(n, bn),)](xt, zt, vt, pt, res, n, m, D=d, T=t, TP=tp, BN=bn,
-                                           BM=max(bm, 16 if tp > 1 else 1), CT=ct,
-                                           num_warps=warps)
+                                           BM=max(bm, 16 if tp > 1 else 1), S=chunk,
+                                           CT=ct, num_warps=warps)
         else:
             res.zero_()
         out[:, lo:lo + t] = res.cpu().numpy()

@@ -23,7 +23,7 @@ import textwrap
 import numpy as np
 
 from ..kernels import Kernel
-from .triton_source import tile_source
+from .triton_source import TileLines, tile_source
 
 MATVEC = '''
 import triton
@@ -33,23 +33,29 @@ import triton.language as tl
 @triton.jit
 def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
                   T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                  CT: tl.constexpr):
+                  S: tl.constexpr, CT: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rmask = rows < n
     tcols = tl.arange(0, TP)
     tmask = tcols < T
+{prologue}
     acc = tl.zeros([BN, TP], dtype=tl.float64)
-    for start in range(0, m, BM):
-        cols = start + tl.arange(0, BM)
-        cmask = cols < m
+    for outer in range(0, m, BM * S):
+        # one column: S tiles are summed entry by entry in CT (one multiply-add each), and
+        # only then across the tile's columns and into the float64 total
+        part = tl.zeros([BN, BM], dtype=CT)
+        for start in range(outer, tl.minimum(outer + BM * S, m), BM):
+            cols = start + tl.arange(0, BM)
+            cmask = cols < m
 {tile}
-        V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
-                    mask=cmask[:, None] & tmask[None, :], other=0.0).to(CT)
+            if TP == 1:
+                part += K * tl.load(v_ptr + cols, mask=cmask, other=0.0).to(CT)[None, :]
+            else:
+                V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
+                            mask=cmask[:, None] & tmask[None, :], other=0.0).to(CT)
+                acc += tl.dot(K, V, input_precision="ieee").to(tl.float64)
         if TP == 1:
-            part = tl.sum(K * tl.reshape(V, [BM])[None, :], axis=1)[:, None]
-        else:
-            part = tl.dot(K, V, input_precision="ieee")
-        acc += part.to(tl.float64)
+            acc += tl.sum(part, axis=1).to(tl.float64)[:, None]
     tl.store(out_ptr + rows[:, None] * T + tcols[None, :], acc,
              mask=rmask[:, None] & tmask[None, :])
 '''
@@ -155,6 +161,7 @@ def kernel_grad_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexp
     rmask = rows < n
     tcols = tl.arange(0, TP)
     tmask = tcols < T
+{prologue}
 {init}
     for start in range(0, m, BM):
         cols = start + tl.arange(0, BM)
@@ -179,6 +186,7 @@ def pair_weighted_grads(x_ptr, z_ptr, w_ptr, p_ptr, out_ptr, n, m, D: tl.constex
                         BN: tl.constexpr, BM: tl.constexpr, CT: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rmask = rows < n
+{prologue}
 {init}
     for start in range(0, m, BM):
         cols = start + tl.arange(0, BM)
@@ -191,57 +199,59 @@ def pair_weighted_grads(x_ptr, z_ptr, w_ptr, p_ptr, out_ptr, n, m, D: tl.constex
 '''
 
 
+def _fill(template: str, lines: TileLines, tile_indent: int) -> str:
+    """``template`` with a kernel's prologue and tile put in at their places."""
+    return (template.replace("{prologue}", textwrap.indent("\n".join(lines.prologue), " " * 4))
+            .replace("{tile}", textwrap.indent("\n".join(lines.tile), " " * tile_indent)))
+
+
 def matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
     """The Triton module computing ``kernel(x, z) @ v`` on d features, and its parameters.
 
     Raises :class:`~dkern.backends.triton_source.NoTritonSource` when the kernel has
     a part Triton cannot express.
     """
-    lines, params = tile_source(kernel, d)
-    tile = textwrap.indent("\n".join(lines), " " * 8)
-    return MATVEC.replace("{tile}", tile), params
+    lines = tile_source(kernel, d)
+    return _fill(MATVEC, lines, 12), lines.params
+
+
+def _per_param(template: str, p: int, indent: int) -> str:
+    """``template`` once per log-hyperparameter j, as lines (``pass`` for none)."""
+    return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
+        " " * indent + "pass"
 
 
 def grad_matvec_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
     """The Triton module computing ``∂kernel(x, z)/∂θ_j @ v`` for each of the p
     log-hyperparameters on d features, one accumulator per j, and its parameters."""
-    lines, params = tile_source(kernel, d, grads=True)
+    lines = tile_source(kernel, d, grads=True)
     p = kernel.n_dims
-
-    def block(template: str, indent: int) -> str:
-        return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
-            " " * indent + "pass"
-
     fold = ("        if TP == 1:\n"
-            + block("acc{j} += tl.sum(G{j} * tl.reshape(V, [BM])[None, :], axis=1)[:, None]", 12)
+            + _per_param("acc{j} += tl.sum(G{j} * tl.reshape(V, [BM])[None, :], "
+                         "axis=1)[:, None]", p, 12)
             + "\n        else:\n"
-            + block("acc{j} += tl.dot(G{j}, V, input_precision='ieee').to(tl.float64)", 12))
-    text = (GRAD_MATVEC.replace("{tile}", textwrap.indent("\n".join(lines), " " * 8))
-            .replace("{init}", block("acc{j} = tl.zeros([BN, TP], dtype=tl.float64)", 4))
+            + _per_param("acc{j} += tl.dot(G{j}, V, input_precision='ieee').to(tl.float64)",
+                         p, 12))
+    text = (_fill(GRAD_MATVEC, lines, 8)
+            .replace("{init}", _per_param("acc{j} = tl.zeros([BN, TP], dtype=tl.float64)", p, 4))
             .replace("{fold}", fold)
-            .replace("{store}", block("tl.store(out_ptr + where + {j}, acc{j}, mask=keep)", 4))
+            .replace("{store}", _per_param("tl.store(out_ptr + where + {j}, acc{j}, mask=keep)",
+                                           p, 4))
             .replace("T * P", f"T * {p}").replace("tcols[None, :] * P", f"tcols[None, :] * {p}"))
-    return text, params
+    return text, lines.params
 
 
 def pair_weighted_grads_source(kernel: Kernel, d: int) -> tuple[str, np.ndarray]:
     """The Triton module computing ``Σ_i W[i, m] ∂kernel(z_m, x_i)/∂θ_j`` per row m of its
     first operand and log-hyperparameter j, and its parameters."""
-    lines, params = tile_source(kernel, d, grads=True)
+    lines = tile_source(kernel, d, grads=True)
     p = kernel.n_dims
-
-    def block(template: str, indent: int) -> str:
-        return "\n".join(" " * indent + template.format(j=j) for j in range(p)) or \
-            " " * indent + "pass"
-
-    text = (PAIR_WEIGHTED_GRADS
-            .replace("{tile}", textwrap.indent("\n".join(lines), " " * 8))
-            .replace("{init}", block("acc{j} = tl.zeros([BN], dtype=tl.float64)", 4))
-            .replace("{fold}", block("acc{j} += tl.sum(G{j} * W, axis=1)", 8))
-            .replace("{store}", block(f"tl.store(out_ptr + rows * {p} + {{j}}, acc{{j}}, "
-                                      "mask=rmask)", 4)))
-    return text, params
-
+    text = (_fill(PAIR_WEIGHTED_GRADS, lines, 8)
+            .replace("{init}", _per_param("acc{j} = tl.zeros([BN], dtype=tl.float64)", p, 4))
+            .replace("{fold}", _per_param("acc{j} += tl.sum(G{j} * W, axis=1)", p, 8))
+            .replace("{store}", _per_param(f"tl.store(out_ptr + rows * {p} + {{j}}, acc{{j}}, "
+                                           "mask=rmask)", p, 4)))
+    return text, lines.params
 
 
 __all__ = ["GAUSSIAN_LOG_SUMS", "NEAREST", "grad_matvec_source", "matvec_source",

@@ -15,7 +15,9 @@ add the noise on the diagonal).
 
 Names the emitted code may use: ``x_ptr``/``z_ptr`` (row-major operands),
 ``rows``/``cols`` (tile indices), ``rmask``/``cmask``, ``p_ptr`` (parameters),
-``D`` (features, a constexpr) and ``tl``.
+``D`` (features, a constexpr) and ``tl``. The loop over features is written out, one
+block per feature, so each feature's parameters are read at a fixed offset; for few
+features, x's columns are loaded once before the walk over z (:data:`HOIST_MAX`).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from ..kernels.stationary import Gaussian, Laplacian, Matern, Stationary
 class TileSource:
     """Source lines being built for one kernel tile, and the parameter vector they read.
 
-    ``per_feature`` lines run inside the loop over features (with ``xk``, ``zk`` and
-    ``diff`` the k-th coordinates and their difference); ``after`` lines run once the
-    loop is done; ``params`` are the numbers read as ``p_ptr[i]``.
+    ``per_feature`` lines run once per feature k (with ``xk``, ``zk`` and ``diff`` the
+    k-th coordinates and their difference; ``{k}`` in a line is replaced by k);
+    ``after`` lines run once every feature is in; ``params`` are the numbers read as
+    ``p_ptr[i]``.
     """
 
     grads: bool = False
@@ -90,30 +93,37 @@ def _free(k: Kernel, name: str) -> bool:
     return any(free == name for free, _, _ in k._free())
 
 
-def _scaled_sqdist(k: Stationary, src: TileSource, d: int) -> tuple[str, list[str]]:
-    """``r² = Σ_k ((x_k − z_k) / l_k)²`` (differences first, then the lengthscale, as
-    numpy's exact path: a far row keeps the digits of a small difference), and the
-    squared scaled differences ``s²`` each lengthscale entry's derivative needs: ``[r²]``
-    for a scalar lengthscale, one ``s_k²`` per feature for ARD (when ``src.grads``)."""
+def _scaled_sqdist(k: Stationary, src: TileSource, d: int,
+                   factor: float = 1.0) -> tuple[str, list[str]]:
+    """``factor · r²``, ``r² = Σ_k ((x_k − z_k) / l_k)²`` (differences first, then the
+    lengthscale, as numpy's exact path: a far row keeps the digits of a small difference),
+    and the squared scaled differences ``s²`` each lengthscale entry's derivative needs:
+    ``[r²]`` for a scalar lengthscale, one ``s_k²`` per feature for ARD (when
+    ``src.grads``, which takes ``factor`` 1). ``factor`` is folded into the lengthscale's
+    parameters, so it costs no multiply per entry."""
     ell = np.asarray(k.lengthscale, dtype=float)
     if ell.ndim == 0:
         plain = src.once("sqdist", "sq", "diff * diff")
-        r2 = src.let(f"{plain} * {src.param(1.0 / float(ell) ** 2)}")
+        r2 = src.let(f"{plain} * {src.param(factor / float(ell) ** 2)}")
         return r2, [r2]
     if ell.shape != (d,):
         raise ValueError(f"{type(k).__name__}: lengthscale has {ell.shape[0]} entries but the "
                          f"data has {d} features; give one per feature or a scalar.")
     base = len(src.params)
-    src.params.extend((1.0 / ell ** 2).tolist())
-    r2 = src.accumulator("sqa", f"diff * diff * tl.load(p_ptr + {base} + k)")
+    src.params.extend((factor / ell ** 2).tolist())
+    r2 = src.accumulator("sqa", f"diff * diff * tl.load(p_ptr + {base} + {{k}})")
     if not src.grads:
         return r2, []
     parts = []
     for j in range(d):  # one tile per feature, after the loop (the loop keeps one diff)
-        diff = (f"(tl.load(x_ptr + rows * D + {j}, mask=rmask, other=0.0)[:, None] - "
-                f"tl.load(z_ptr + cols * D + {j}, mask=cmask, other=0.0)[None, :]).to(CT)")
-        parts.append(src.let(f"{diff} * {diff} * tl.load(p_ptr + {base + j})"))
+        parts.append(src.let(f"{_diff(j)} * {_diff(j)} * tl.load(p_ptr + {base + j})"))
     return r2, parts
+
+
+def _diff(j: int) -> str:
+    """The tile of ``x_j − z_j``, read again after the features' loop."""
+    return (f"(tl.load(x_ptr + rows * D + {j}, mask=rmask, other=0.0)[:, None] - "
+            f"tl.load(z_ptr + cols * D + {j}, mask=cmask, other=0.0)[None, :]).to(CT)")
 
 
 def _lengthscale_grads(k: Stationary, src: TileSource, g: str, s2: list[str]) -> list[str]:
@@ -122,6 +132,9 @@ def _lengthscale_grads(k: Stationary, src: TileSource, g: str, s2: list[str]) ->
 
 
 def _gaussian(k: Gaussian, src: TileSource, d: int) -> Tile:
+    if not src.grads:  # e^(-r²/2) as 2^(-r² log2(e) / 2): one multiply and a native exp2
+        scaled, _ = _scaled_sqdist(k, src, d, factor=-0.5 * np.log2(np.e))
+        return src.let(f"tl.exp2({scaled})"), []
     r2, s2 = _scaled_sqdist(k, src, d)
     value = src.let(f"tl.exp(-0.5 * {r2})")
     return value, _lengthscale_grads(k, src, value, s2)
@@ -267,11 +280,26 @@ def emit(kernel: Kernel, src: TileSource, d: int) -> Tile:
     return emitter(kernel, src, d)
 
 
-def tile_source(kernel: Kernel, d: int, grads: bool = False) -> tuple[list[str], np.ndarray]:
-    """The lines computing ``K`` (a BN × BM tile) for ``kernel`` on d features, and the
-    parameter vector they read (float64). With ``grads``, also ``G0`` … ``G{p-1}``, the
-    tiles of ``∂K/∂θ_j`` for the p log-hyperparameters of ``kernel.theta`` (White's are
-    zero in these cross blocks).
+#: Up to this many features, x's columns are loaded once per program, before its walk
+#: over z, and kept in registers; more would crowd the registers the tile needs.
+HOIST_MAX = 16
+
+
+@dataclass
+class TileLines:
+    """A kernel's tile as source: ``prologue`` runs once per program (before the walk
+    over z), ``tile`` once per tile and leaves ``K`` (and ``G0`` … with grads);
+    ``params`` is the parameter vector they read (float64)."""
+
+    prologue: list[str]
+    tile: list[str]
+    params: np.ndarray
+
+
+def tile_source(kernel: Kernel, d: int, grads: bool = False) -> TileLines:
+    """The source computing ``K`` (a BN × BM tile) for ``kernel`` on d features. With
+    ``grads``, also ``G0`` … ``G{p-1}``, the tiles of ``∂K/∂θ_j`` for the p
+    log-hyperparameters of ``kernel.theta`` (White's are zero in these cross blocks).
 
     Raises :class:`NoTritonSource` for a kernel with a part Triton cannot express.
     """
@@ -283,13 +311,20 @@ def tile_source(kernel: Kernel, d: int, grads: bool = False) -> tuple[list[str],
     src = TileSource(grads=grads)
     value, derivatives = emit(kernel, src, d)
     assert not grads or len(derivatives) == kernel.n_dims, (kernel, derivatives)
-    loop = ["for k in tl.static_range(D):",
-            "    xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0).to(CT)",
-            "    zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0).to(CT)",
-            "    diff = xk[:, None] - zk[None, :]"]
-    loop += [f"    {line}" for line in src.per_feature] if src.per_feature else ["    pass"]
-    # a kernel of constants alone is a scalar: the zeros tile gives it the tile's shape
+    hoist = bool(src.per_feature) and d <= HOIST_MAX
+    prologue = [f"x{k} = tl.load(x_ptr + rows * D + {k}, mask=rmask, other=0.0).to(CT)"
+                for k in range(d)] if hoist else []
+    features = []
+    for k in range(d if src.per_feature else 0):
+        features += [f"xk = x{k}" if hoist else
+                     f"xk = tl.load(x_ptr + rows * D + {k}, mask=rmask, other=0.0).to(CT)",
+                     f"zk = tl.load(z_ptr + cols * D + {k}, mask=cmask, other=0.0).to(CT)",
+                     "diff = xk[:, None] - zk[None, :]"]
+        features += [line.replace("{k}", str(k)) for line in src.per_feature]
+    # a kernel of constants alone is a scalar: the zeros tile gives it the tile's shape (a
+    # tile needs none: adding zeros would cost an addition per entry)
     zeros = "tl.zeros([BN, BM], dtype=CT)"
-    lines = src.before + loop + src.after + [f"K = {value} + {zeros}"]
-    lines += [f"G{j} = {g} + {zeros}" for j, g in enumerate(derivatives)]
-    return lines, np.asarray(src.params, dtype=np.float64)
+    tile = src.before + features + src.after
+    tile.append(f"K = {value}" if src.per_feature else f"K = {value} + {zeros}")
+    tile += [f"G{j} = {g} + {zeros}" for j, g in enumerate(derivatives)]
+    return TileLines(prologue, tile, np.asarray(src.params, dtype=np.float64))
