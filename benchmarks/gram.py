@@ -14,6 +14,7 @@ relative to max |K v|, against a float64 reference computed from exact differenc
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -100,16 +101,16 @@ def blocked_torch(X, Z, v, ell, rows=1024):
     return out.cpu().numpy()
 
 
-def gpu_methods(X, Z, v, ell, client):
+def gpu_methods(X, Z, v, ell, client, torch_loop=True):
     from dkern.backends import keops_status
     from dkern.backends.triton_backend import matvec_block_triton
 
     Xd, Zd = da.from_array(X, chunks=(len(X) // 2, -1)), da.from_array(Z, chunks=(len(Z) // 2, -1))
-    methods = {
-        "blocked torch (GPU)": lambda: blocked_torch(X, Z, v, ell),
+    methods = {"blocked torch (GPU)": lambda: blocked_torch(X, Z, v, ell)} if torch_loop else {}
+    methods.update({
         "dkern/triton block, one launch (GPU)": lambda: matvec_block_triton(Gaussian(ell), X, Z, v),
         "dkern/triton in-process (GPU)": lambda: dkern_matvec(Xd, Zd, v, ell, "triton"),
-    }
+    })
     backends = ["triton"]
     if keops_status().available:  # checked in a child process: KeOps may crash compiling
         backends.append("keops")
@@ -207,6 +208,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu", action="store_true", help="GPU comparison (needs CUDA)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the LocalCluster runs")
+    parser.add_argument("--no-torch-loop", action="store_true",
+                        help="with --gpu: skip the blocked torch loop (the slowest baseline)")
     parser.add_argument("--tile-sweep", nargs="*", metavar="DTYPE",
                         help="with --gpu: also time Triton's tile shapes at the first d, for "
                              "these dtypes (default: --dtypes)")
@@ -222,10 +225,11 @@ def main() -> None:
         tiles = (" Triton's tiles (BN, BM, warps, chunk) in the table: the sweep's fastest, "
                  f"{use_tiles(best)}.")
     table = {}
+    gpu = functools.partial(gpu_methods, torch_loop=not args.no_torch_loop)
     for dtype in args.dtypes:
         for d in args.dims:
             table[(dtype, d)] = run_case(args.n, d, np.dtype(dtype),
-                                         gpu_methods if args.gpu else cpu_methods,
+                                         gpu if args.gpu else cpu_methods,
                                          args.repeats, client, rng)
             print(f"done {dtype} d={d}", file=sys.stderr)
     where = "GPU" if args.gpu else "CPU"

@@ -66,6 +66,46 @@ def test_a_crash_that_a_preload_avoids_names_the_preload(monkeypatch, fresh_stat
     assert status.detail.endswith("export that before starting Python and the workers")
 
 
+def _fake_pip_nvrtc(tmp_path, monkeypatch):
+    """A pip-style ``nvidia/cu13/lib`` whose two libraries are a real, harmless shared
+    object (Python's own _ctypes extension), and a CUDA driver that ``find_library``
+    reports."""
+    import _ctypes
+    import ctypes.util
+
+    real = getattr(_ctypes, "__file__", None)
+    if real is None:
+        pytest.skip("this Python has _ctypes built in: no shared object to stand in")
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    for name in ("libnvrtc.so.13", "libnvrtc-builtins.so.13.0"):
+        (lib / name).symlink_to(real)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    find = ctypes.util.find_library
+    monkeypatch.setattr(ctypes.util, "find_library",
+                        lambda name: "libcuda.so.1" if name == "cuda" else find(name))
+    return lib
+
+
+def test_pip_nvrtc_is_loaded_first_where_a_driver_is(monkeypatch, fresh_status, tmp_path):
+    """On a CUDA machine with the pip nvrtc, dkern loads it into the global scope before
+    KeOps compiles, and its KeOps check child does the same (the libraries as arguments)."""
+    lib = _fake_pip_nvrtc(tmp_path, monkeypatch)
+    pinned = select.pin_pip_nvrtc()
+    assert pinned == f"{lib / 'libnvrtc-builtins.so.13.0'}:{lib / 'libnvrtc.so.13'}"
+    monkeypatch.setattr(select, "_PINNED", pinned)
+    # (importing pykeops here, under the patched sys.path, would lose its build folder)
+    monkeypatch.setattr(select, "gpu_visible", lambda: False)
+    monkeypatch.setattr(select, "_KEOPS_CHECK",
+                        "import sys; assert sys.argv[1:] == " + repr(pinned.split(":"))
+                        + "; print('2.3')")
+    status = select.keops_status()
+    assert status.available and status.detail.endswith("(pip's libnvrtc loaded first)")
+    monkeypatch.setenv("DKERN_PIN_NVRTC", "0")
+    assert select.pin_pip_nvrtc() is None
+
+
 def test_a_failing_keops_check_names_the_error(monkeypatch, fresh_status):
     monkeypatch.setattr(select, "_KEOPS_CHECK", "raise ImportError('no module named pykeops')")
     status = select.keops_status()

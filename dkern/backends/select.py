@@ -43,6 +43,9 @@ class BackendStatus(NamedTuple):
 # Run in a child process: on some CUDA set-ups (seen: pykeops 2.3 with CUDA 13.0 on an
 # H100) KeOps segfaults while compiling, and that must not take the caller's process down.
 _KEOPS_CHECK = """
+import ctypes, sys
+for lib in sys.argv[1:]:  # the libraries pin_pip_nvrtc loaded into the parent
+    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
 import numpy as np, pykeops
 from pykeops.numpy import LazyTensor
 x = np.arange(6, dtype=np.float64).reshape(3, 2)
@@ -79,7 +82,9 @@ def keops_status() -> BackendStatus:
     device = "GPU" if gpu_visible() else "CPU"
     # The version is the check's last line; a user's PYKEOPS_VERBOSE=1 adds compile lines before it.
     version = (done.stdout.strip().splitlines() or ["?"])[-1]
-    return BackendStatus("keops", True, f"pykeops {version}, compiled and ran on {device}")
+    pinned = " (pip's libnvrtc loaded first)" if _PINNED else ""
+    return BackendStatus("keops", True,
+                         f"pykeops {version}, compiled and ran on {device}{pinned}")
 
 
 def _run_keops_check(preload: str | None = None) -> subprocess.CompletedProcess | str:
@@ -90,7 +95,8 @@ def _run_keops_check(preload: str | None = None) -> subprocess.CompletedProcess 
         env = {**os.environ, "LD_PRELOAD": ":".join(
             p for p in (preload, os.environ.get("LD_PRELOAD")) if p)}
     try:
-        return subprocess.run([sys.executable, "-c", _KEOPS_CHECK], capture_output=True,
+        pinned = _PINNED.split(":") if _PINNED else []
+        return subprocess.run([sys.executable, "-c", _KEOPS_CHECK, *pinned], capture_output=True,
                               text=True, timeout=KEOPS_CHECK_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         return f"check compile took over {KEOPS_CHECK_TIMEOUT_S} s"
@@ -112,6 +118,33 @@ def nvrtc_preload() -> str | None:
             if builtins:
                 return f"{builtins[0]}:{lib}"
     return None
+
+
+def pin_pip_nvrtc() -> str | None:
+    """Load the pip package's libnvrtc and its builtins (:func:`nvrtc_preload`) into this
+    process's global symbol scope, where a CUDA driver is present, and return their paths.
+
+    KeOps' compiled ``nvrtc_jit.so`` records no library for its nvrtc calls, so they bind
+    to what the process's global scope holds first; loading these before KeOps first
+    compiles aims to do what ``LD_PRELOAD`` of them did on CUDA 13 (benchmarks/RESULTS.md),
+    in every dkern process, workers included, with nothing to export. ``DKERN_PIN_NVRTC=0``
+    leaves it out.
+    """
+    if os.environ.get("DKERN_PIN_NVRTC", "1") == "0":
+        return None
+    preload = nvrtc_preload()
+    if preload is None or ctypes.util.find_library("cuda") is None:
+        return None
+    try:
+        for lib in preload.split(":"):
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        logger.debug("pip's libnvrtc not loaded: %s", err)
+        return None
+    return preload
+
+
+_PINNED = pin_pip_nvrtc()
 
 
 @functools.lru_cache(maxsize=1)
