@@ -40,9 +40,9 @@ from .triton_source import NoTritonSource
 logger = logging.getLogger(__name__)
 
 #: Tile sizes (rows × columns of one kernel tile) and warps per program on a GPU: the
-#: fastest of benchmarks/gram.py's sweep on an H100 (RESULTS.md). Under the interpreter
+#: fastest of benchmarks/gram.py's sweep on an H200 (RESULTS.md). Under the interpreter
 #: bigger tiles mean fewer Python-level steps.
-GPU_TILES = {"float32": (128, 64, 4), "float64": (128, 64, 4)}
+GPU_TILES = {"float32": (128, 32, 4), "float64": (64, 32, 2)}
 INTERPRETER_TILES = (128, 64, 1)
 #: Tiles a one-column product sums entry by entry before it reduces across their columns
 #: into its float64 total: more is fewer reductions, fewer is float32 sums of fewer terms.
@@ -88,6 +88,61 @@ def _tensor(a: np.ndarray, device: Any) -> Any:
     return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
 
+@functools.lru_cache(maxsize=1)
+def _multiprocessors() -> int:
+    """The GPU's streaming multiprocessors (2 under the interpreter, so that the tests'
+    small blocks take the split path too)."""
+    if interpreting():
+        return 2
+    import torch
+
+    return torch.cuda.get_device_properties(_device()).multi_processor_count
+
+
+def _splits(rows: int, bn: int, m: int, bm: int) -> int:
+    """Column ranges to split a product's columns into, so that one with few rows (Falkon's
+    ``k(c, x) u`` over M centres) still has programs for every multiprocessor: about four
+    programs each, and no range under one tile."""
+    row_programs = max(1, -(-rows // bn))
+    return max(1, min(-(-m // bm), -(-4 * _multiprocessors() // row_programs)))
+
+
+_SHRUNK: set[tuple[str, int, int]] = set()
+
+
+def _launch(run: Any, rows: int, tiles: tuple[int, int, int], *args: Any, splits: int = 1,
+            min_bm: int = 1, **meta: Any) -> None:
+    """Run ``run`` on ⌈rows / BN⌉ × ``splits`` programs with tiles (BN, BM, warps).
+
+    Where the GPU lacks the shared memory or registers those tiles need (Triton's
+    OutOfResources: a kernel with many derivative tiles, a GPU smaller than the one the
+    tiles were chosen on), BN and then BM are halved until it fits, logged once per kernel
+    and size.
+    """
+    import triton
+    from triton.runtime.errors import OutOfResources
+
+    bn, bm, warps = tiles
+    bm = max(bm, min_bm)
+    while True:
+        try:
+            with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+                run[(triton.cdiv(rows, bn), splits)](*args, BN=bn, BM=bm, num_warps=warps,
+                                                     **meta)
+            return
+        except OutOfResources as err:
+            if bn > 16:
+                bn //= 2
+            elif bm > max(min_bm, 16):
+                bm //= 2
+            else:
+                raise
+            if (run.__name__, bn, bm) not in _SHRUNK:
+                _SHRUNK.add((run.__name__, bn, bm))
+                logger.info("Triton kernel %s: %s; trying tiles of %d x %d", run.__name__,
+                            err, bn, bm)
+
+
 def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                         tiles: tuple[int, int, int] | None = None,
                         chunk: int | None = None) -> np.ndarray:
@@ -115,19 +170,19 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
     xt, zt = _tensor(x, device), _tensor(z, device)
     pt = _tensor(params.astype(dtype) if len(params) else np.zeros(1, dtype), device)
     out = np.empty((n, v2.shape[1]))
+    splits = _splits(n, bn, m, bm)
+    span = -(-m // splits)  # columns per split, the last one's fewer
     for lo in range(0, v2.shape[1], MAX_COLUMNS):
         vt = _tensor(v2[:, lo:lo + MAX_COLUMNS].astype(dtype), device)
         t = vt.shape[1]
         tp = 1 if t == 1 else max(16, triton.next_power_of_2(t))
-        res = torch.empty((n, t), dtype=torch.float64, device=device)
+        res = torch.empty((splits, n, t), dtype=torch.float64, device=device)
         if n and m:
-            with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-                run[(triton.cdiv(n, bn),)](xt, zt, vt, pt, res, n, m, D=d, T=t, TP=tp, BN=bn,
-                                           BM=max(bm, 16 if tp > 1 else 1), S=chunk,
-                                           CT=ct, num_warps=warps)
+            _launch(run, n, (bn, bm, warps), xt, zt, vt, pt, res, n, m, span, splits=splits,
+                    min_bm=16 if tp > 1 else 1, D=d, T=t, TP=tp, S=chunk, CT=ct)
         else:
             res.zero_()
-        out[:, lo:lo + t] = res.cpu().numpy()
+        out[:, lo:lo + t] = res.sum(dim=0).cpu().numpy()
     return out
 
 
@@ -168,13 +223,10 @@ def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = N
     device = _device()
     run = _compiled(GAUSSIAN_LOG_SUMS, "gaussian_log_sums")
     res = torch.empty((n, 1 + cols), dtype=torch.float64, device=device)
-    bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
-    with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-        run[(triton.cdiv(n, bn),)](_tensor(x, device), _tensor(z, device),
-                                   _tensor(values, device), _tensor(1.0 / width**2, device),
-                                   res, n, m, D=d, T=cols,
-                                   TP=max(16, triton.next_power_of_2(cols)), BN=bn,
-                                   BM=max(bm, 16), num_warps=warps)
+    _launch(run, n, INTERPRETER_TILES if interpreting() else GPU_TILES["float64"],
+            _tensor(x, device), _tensor(z, device), _tensor(values, device),
+            _tensor(1.0 / width**2, device), res, n, m, min_bm=16, D=d, T=cols,
+            TP=max(16, triton.next_power_of_2(cols)))
     return res.cpu().numpy()
 
 
@@ -219,13 +271,11 @@ def nearest_block_triton(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index:
     run = _compiled(NEAREST.replace("PAD", str(PAD_INDEX)), "nearest")
     sq_t = torch.empty((n, k), dtype=torch.float64, device=device)
     idx_t = torch.empty((n, k), dtype=torch.int64, device=device)
-    bn, bm = (64, 64) if interpreting() else (32, 64)
-    with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-        run[(triton.cdiv(n, bn),)](
+    _launch(run, n, (64, 64, 1) if interpreting() else (32, 64, 4),
             _tensor(x, device), _tensor(z, device),
             _tensor(np.asarray(index, np.int64).reshape(-1), device),
             _tensor(np.asarray(limit, np.float64).reshape(-1), device), sq_t, idx_t, n, m,
-            D=d, K=k, KP=triton.next_power_of_2(k), BN=bn, BM=bm, num_warps=4)
+            D=d, K=k, KP=triton.next_power_of_2(k))
     sq, idx = sq_t.cpu().numpy(), idx_t.cpu().numpy()
     order = np.lexsort((idx, sq), axis=1)  # each row by (distance, index)
     return np.take_along_axis(sq, order, axis=1), np.take_along_axis(idx, order, axis=1)
@@ -258,7 +308,7 @@ def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
     source, params = grad_matvec_source(kernel, d)
     run = _compiled(source, "kernel_grad_matvec")
     device = _device()
-    bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
+    tiles = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
     pt = _tensor(params if len(params) else np.zeros(1), device)
     xt, zt = _tensor(x, device), _tensor(z, device)
     out = np.zeros((n, v.shape[1], p))
@@ -268,10 +318,8 @@ def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
         tp = 1 if t == 1 else max(16, triton.next_power_of_2(t))
         res = torch.zeros((n, t, p), dtype=torch.float64, device=device)
         if n and m and p:
-            with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-                run[(triton.cdiv(n, bn),)](xt, zt, vt, pt, res, n, m, D=d, T=t, TP=tp, BN=bn,
-                                           BM=max(bm, 16 if tp > 1 else 1),
-                                           CT=triton.language.float64, num_warps=warps)
+            _launch(run, n, tiles, xt, zt, vt, pt, res, n, m, min_bm=16 if tp > 1 else 1,
+                    D=d, T=t, TP=tp, CT=triton.language.float64)
         out[:, lo:lo + t] = res.cpu().numpy()
     return out
 
@@ -291,13 +339,10 @@ def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
     if M and n and p:
         source, params = pair_weighted_grads_source(kernel, d)
         run = _compiled(source, "pair_weighted_grads")
-        bn, bm, warps = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
-        with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-            run[(triton.cdiv(M, bn),)](
-                _tensor(z, device), _tensor(x, device),
-                _tensor(np.asarray(w, np.float64), device),
+        _launch(run, M, INTERPRETER_TILES if interpreting() else GPU_TILES["float64"],
+                _tensor(z, device), _tensor(x, device), _tensor(np.asarray(w, np.float64), device),
                 _tensor(params if len(params) else np.zeros(1), device), out, M, n, D=d,
-                BN=bn, BM=bm, CT=triton.language.float64, num_warps=warps)
+                CT=triton.language.float64)
     return out.cpu().numpy()
 
 

@@ -8,7 +8,7 @@ registers for each tile and folded into the result at once, never stored:
 ========================  ==========================================  ==================
 kernel                    computes, per row i                         source
 ========================  ==========================================  ==================
-``kernel_matvec``         ``Σⱼ k(xᵢ, zⱼ) vⱼ``                          ``matvec_source``
+``kernel_matvec``         ``Σⱼ k(xᵢ, zⱼ) vⱼ`` (over a split of the j)      ``matvec_source``
 ``gaussian_log_sums``     ``[m, Σⱼ e^(log kᵢⱼ − m) [1, tⱼ]]``, online   ``GAUSSIAN_LOG_SUMS``
 ``nearest``               the k nearest (distance, index) pairs       ``NEAREST``
 ``kernel_grad_matvec``    ``Σⱼ ∂k(xᵢ, zⱼ)/∂θ_p vⱼ`` for every p          ``grad_matvec_source``
@@ -31,22 +31,26 @@ import triton.language as tl
 
 
 @triton.jit
-def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
+def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, span, D: tl.constexpr,
                   T: tl.constexpr, TP: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                   S: tl.constexpr, CT: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rmask = rows < n
     tcols = tl.arange(0, TP)
     tmask = tcols < T
+    # this program's columns: the split program_id(1) of span columns; its sums go to
+    # out[program_id(1)], which the launcher adds up
+    first = tl.program_id(1) * span
+    end = tl.minimum(first + span, m)
 {prologue}
     acc = tl.zeros([BN, TP], dtype=tl.float64)
-    for outer in range(0, m, BM * S):
+    for outer in range(first, end, BM * S):
         # one column: S tiles are summed entry by entry in CT (one multiply-add each), and
         # only then across the tile's columns and into the float64 total
         part = tl.zeros([BN, BM], dtype=CT)
-        for start in range(outer, tl.minimum(outer + BM * S, m), BM):
+        for start in range(outer, tl.minimum(outer + BM * S, end), BM):
             cols = start + tl.arange(0, BM)
-            cmask = cols < m
+            cmask = cols < end
 {tile}
             if TP == 1:
                 part += K * tl.load(v_ptr + cols, mask=cmask, other=0.0).to(CT)[None, :]
@@ -56,7 +60,7 @@ def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr,
                 acc += tl.dot(K, V, input_precision="ieee").to(tl.float64)
         if TP == 1:
             acc += tl.sum(part, axis=1).to(tl.float64)[:, None]
-    tl.store(out_ptr + rows[:, None] * T + tcols[None, :], acc,
+    tl.store(out_ptr + tl.program_id(1) * n * T + rows[:, None] * T + tcols[None, :], acc,
              mask=rmask[:, None] & tmask[None, :])
 '''
 
