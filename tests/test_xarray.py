@@ -245,6 +245,41 @@ def test_what_is_not_an_array_is_never_moved_or_deleted(tmp_path):
     assert os.path.exists(os.path.join(url, "W", ".zarray"))
 
 
+def test_a_plain_read_across_a_rewrite_is_not_protected_and_dkern_raises(tmp_path):
+    """What README states of plain readers: one that opened an array before a rewrite
+    published reads the old version's chunks as NaN (deleted at the publish) or the new
+    version's (the link is followed per chunk); dkern's reader of the old version raises."""
+    import zarr
+
+    from dkern.errors import StoreError
+    from dkern.io import open_array, write_array
+
+    url = str(tmp_path / "s.zarr")
+    write_array(np.arange(8.0), url, "pred", chunk_rows=4)
+    plain = zarr.open_group(url, mode="r")["pred"]
+    ours = open_array(url, "pred")
+    assert plain[:4].tolist() == [0.0, 1.0, 2.0, 3.0]
+    write_array(np.full(8, 7.0), url, "pred", chunk_rows=4, overwrite=True)
+    rest = plain[4:]
+    assert np.isnan(rest).all() or (rest == 7.0).all(), rest  # neither is the old version
+    with pytest.raises((StoreError, FileNotFoundError)):
+        ours.compute()
+
+
+def test_a_plain_write_through_a_link_is_reported_as_damage(tmp_path):
+    """Plain tools should only read: a plain-zarr write changes dkern's checksummed
+    version in place, and dkern's check reports it."""
+    import zarr
+
+    from dkern.io import check_store, write_array
+
+    url = str(tmp_path / "s.zarr")
+    write_array(np.arange(8.0), url, "pred", chunk_rows=4)
+    zarr.open_group(url, mode="r+")["pred"][0] = 99.0
+    report = check_store(url)
+    assert not report.ok and any("pred" in message for message in report.damage), report
+
+
 def test_consolidated_metadata_lists_no_hidden_version(tmp_path):
     import json
 
