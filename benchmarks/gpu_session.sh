@@ -55,7 +55,9 @@ TRITON_INTERPRET=0 timeout "$(limit "${TESTS_S:-100}" 200)" python3 -m pytest -q
 
 step gpu_scale
 SCALE_S=$(limit 400 10)
-timeout "$SCALE_S" python3 benchmarks/gpu_scale.py --budget $(( SCALE_S - 15 )) 2>&1 \
+# Triton first: KeOps' figures are in RESULTS.md since the H200 session (SCALE_BACKENDS)
+timeout "$SCALE_S" python3 benchmarks/gpu_scale.py --budget $(( SCALE_S - 15 )) \
+    --backend ${SCALE_BACKENDS:-triton keops} 2>&1 \
     | tee "$OUT/scale.log" | grep -v "^20..-..-.. " | tail -60
 cp benchmarks/RESULTS.md "$OUT/"
 step done
