@@ -222,8 +222,10 @@ def main() -> None:
     sweep, tiles = "", ""
     if args.gpu and args.tile_sweep is not None:  # first: the table then uses the best
         sweep, best = tile_sweep(args.n, args.dims[0], args.tile_sweep or args.dtypes, rng)
-        tiles = (" Triton's tiles (BN, BM, warps, chunk) in the table: the sweep's fastest, "
-                 f"{use_tiles(best)}.")
+        update_section("gram-gpu", "## Gram matvec throughput, GPU: the tile sweep alone (the "
+                       "run stopped before its table)\n\n" + sweep)  # kept if it times out
+        tiles = (" Triton's tiles (BN, BM, warps, chunk) in this process's rows: the sweep's "
+                 f"fastest, {use_tiles(best)}.")
     table = {}
     gpu = functools.partial(gpu_methods, torch_loop=not args.no_torch_loop)
     for dtype in args.dtypes:

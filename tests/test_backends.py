@@ -106,6 +106,16 @@ def test_pip_nvrtc_is_loaded_first_where_a_driver_is(monkeypatch, fresh_status, 
     assert select.pin_pip_nvrtc() is None
 
 
+def test_without_a_cuda_driver_no_nvrtc_is_loaded(monkeypatch, tmp_path):
+    import ctypes.util
+
+    _fake_pip_nvrtc(tmp_path, monkeypatch)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    loaded = []
+    monkeypatch.setattr(select.ctypes, "CDLL", lambda *a, **k: loaded.append(a))
+    assert select.pin_pip_nvrtc() is None and loaded == []
+
+
 def test_a_failing_keops_check_names_the_error(monkeypatch, fresh_status):
     monkeypatch.setattr(select, "_KEOPS_CHECK", "raise ImportError('no module named pykeops')")
     status = select.keops_status()

@@ -127,10 +127,13 @@ def pin_pip_nvrtc() -> str | None:
     KeOps' compiled ``nvrtc_jit.so`` records no library for its nvrtc calls, so they bind
     to what the process's global scope holds first; loading these before KeOps first
     compiles aims to do what ``LD_PRELOAD`` of them did on CUDA 13 (benchmarks/RESULTS.md),
-    in every dkern process, workers included, with nothing to export. ``DKERN_PIN_NVRTC=0``
-    leaves it out.
+    in every dkern process, workers included, with nothing to export. It is done when dkern
+    is imported, as a later load could come after KeOps' own (verified on an H200:
+    benchmarks/RESULTS.md). Without pykeops, a CUDA driver or that package, nothing is
+    loaded; ``DKERN_PIN_NVRTC=0`` leaves it out.
     """
-    if os.environ.get("DKERN_PIN_NVRTC", "1") == "0":
+    if os.environ.get("DKERN_PIN_NVRTC", "1") == "0" or \
+            importlib.util.find_spec("pykeops") is None:
         return None
     preload = nvrtc_preload()
     if preload is None or ctypes.util.find_library("cuda") is None:

@@ -39,14 +39,16 @@ from .triton_source import NoTritonSource
 
 logger = logging.getLogger(__name__)
 
-#: Tile sizes (rows × columns of one kernel tile) and warps per program on a GPU: the
-#: fastest of benchmarks/gram.py's sweep on an H200 (RESULTS.md). Under the interpreter
-#: bigger tiles mean fewer Python-level steps.
+#: Tile sizes (rows × columns of one kernel tile) and warps per program of the Gram
+#: product on a GPU: the fastest of benchmarks/gram.py's sweep (RESULTS.md names the GPU).
 GPU_TILES = {"float32": (128, 32, 4), "float64": (64, 32, 2)}
+#: The other fused kernels' (smoothing sums, neighbours' ∂K/∂θ products, the sparse GP's
+#: gradient), not swept: those they were written with. _launch shrinks what does not fit.
+GPU_OTHER_TILES = (128, 64, 4)
+#: Under the interpreter bigger tiles mean fewer Python-level steps.
 INTERPRETER_TILES = (128, 64, 1)
 #: Tiles a one-column product sums entry by entry before it reduces across their columns
 #: into its float64 total: more is fewer reductions, fewer is float32 sums of fewer terms.
-#: Under the interpreter 2, so the tests' small blocks take both loops.
 GPU_CHUNK = {"float32": 16, "float64": 16}
 INTERPRETER_CHUNK = 2
 #: The interpreter patches triton.language while a kernel runs, so two threads' launches
@@ -99,6 +101,10 @@ def _multiprocessors() -> int:
     return torch.cuda.get_device_properties(_device()).multi_processor_count
 
 
+def _other_tiles() -> tuple[int, int, int]:
+    return INTERPRETER_TILES if interpreting() else GPU_OTHER_TILES
+
+
 def _splits(rows: int, bn: int, m: int, bm: int) -> int:
     """Column ranges to split a product's columns into, so that one with few rows (Falkon's
     ``k(c, x) u`` over M centres) still has programs for every multiprocessor: about four
@@ -107,7 +113,9 @@ def _splits(rows: int, bn: int, m: int, bm: int) -> int:
     return max(1, min(-(-m // bm), -(-4 * _multiprocessors() // row_programs)))
 
 
-_SHRUNK: set[tuple[str, int, int]] = set()
+#: Tiles that fit, per kernel, requested tiles and compile-time constants: a kernel whose
+#: tiles did not fit starts at the ones that did.
+_FITTED: dict[tuple[Any, ...], tuple[int, int]] = {}
 
 
 def _launch(run: Any, rows: int, tiles: tuple[int, int, int], *args: Any, splits: int = 1,
@@ -116,19 +124,20 @@ def _launch(run: Any, rows: int, tiles: tuple[int, int, int], *args: Any, splits
 
     Where the GPU lacks the shared memory or registers those tiles need (Triton's
     OutOfResources: a kernel with many derivative tiles, a GPU smaller than the one the
-    tiles were chosen on), BN and then BM are halved until it fits, logged once per kernel
-    and size.
+    tiles were chosen on), BN and then BM are halved until it fits, logged; later launches
+    of that kernel start from the tiles that fitted.
     """
     import triton
     from triton.runtime.errors import OutOfResources
 
-    bn, bm, warps = tiles
-    bm = max(bm, min_bm)
+    key = (run, tiles, min_bm, repr(sorted(meta.items())))
+    bn, bm = _FITTED.get(key, (tiles[0], max(tiles[1], min_bm)))
     while True:
         try:
             with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
-                run[(triton.cdiv(rows, bn), splits)](*args, BN=bn, BM=bm, num_warps=warps,
+                run[(triton.cdiv(rows, bn), splits)](*args, BN=bn, BM=bm, num_warps=tiles[2],
                                                      **meta)
+            _FITTED[key] = (bn, bm)
             return
         except OutOfResources as err:
             if bn > 16:
@@ -137,10 +146,8 @@ def _launch(run: Any, rows: int, tiles: tuple[int, int, int], *args: Any, splits
                 bm //= 2
             else:
                 raise
-            if (run.__name__, bn, bm) not in _SHRUNK:
-                _SHRUNK.add((run.__name__, bn, bm))
-                logger.info("Triton kernel %s: %s; trying tiles of %d x %d", run.__name__,
-                            err, bn, bm)
+            logger.info("Triton kernel %s: %s; trying tiles of %d x %d", run.__name__, err,
+                        bn, bm)
 
 
 def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
@@ -171,7 +178,8 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
     pt = _tensor(params.astype(dtype) if len(params) else np.zeros(1, dtype), device)
     out = np.empty((n, v2.shape[1]))
     splits = _splits(n, bn, m, bm)
-    span = -(-m // splits)  # columns per split, the last one's fewer
+    span = -(-m // (splits * bm)) * bm  # whole tiles per split, the last split's fewer
+    splits = -(-m // span) if m else 1
     for lo in range(0, v2.shape[1], MAX_COLUMNS):
         vt = _tensor(v2[:, lo:lo + MAX_COLUMNS].astype(dtype), device)
         t = vt.shape[1]
@@ -223,7 +231,7 @@ def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = N
     device = _device()
     run = _compiled(GAUSSIAN_LOG_SUMS, "gaussian_log_sums")
     res = torch.empty((n, 1 + cols), dtype=torch.float64, device=device)
-    _launch(run, n, INTERPRETER_TILES if interpreting() else GPU_TILES["float64"],
+    _launch(run, n, _other_tiles(),
             _tensor(x, device), _tensor(z, device), _tensor(values, device),
             _tensor(1.0 / width**2, device), res, n, m, min_bm=16, D=d, T=cols,
             TP=max(16, triton.next_power_of_2(cols)))
@@ -308,7 +316,7 @@ def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
     source, params = grad_matvec_source(kernel, d)
     run = _compiled(source, "kernel_grad_matvec")
     device = _device()
-    tiles = INTERPRETER_TILES if interpreting() else GPU_TILES["float64"]
+    tiles = _other_tiles()
     pt = _tensor(params if len(params) else np.zeros(1), device)
     xt, zt = _tensor(x, device), _tensor(z, device)
     out = np.zeros((n, v.shape[1], p))
@@ -339,7 +347,7 @@ def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
     if M and n and p:
         source, params = pair_weighted_grads_source(kernel, d)
         run = _compiled(source, "pair_weighted_grads")
-        _launch(run, M, INTERPRETER_TILES if interpreting() else GPU_TILES["float64"],
+        _launch(run, M, _other_tiles(),
                 _tensor(z, device), _tensor(x, device), _tensor(np.asarray(w, np.float64), device),
                 _tensor(params if len(params) else np.zeros(1), device), out, M, n, D=d,
                 CT=triton.language.float64)

@@ -3,12 +3,14 @@ functions that complete them with a kernel's tile (:mod:`.triton_source`).
 
 Each kernel is one Triton program per ``BN`` rows of its first operand, walking the other
 operand ``BM`` rows at a time; the kernel's values (and derivatives) are made in
-registers for each tile and folded into the result at once, never stored:
+registers for each tile and folded into the result at once, never stored.
+``kernel_matvec`` also splits the other operand's rows across a second grid axis when the
+first has too few rows to fill the GPU, each split writing its own partial sums:
 
 ========================  ==========================================  ==================
 kernel                    computes, per row i                         source
 ========================  ==========================================  ==================
-``kernel_matvec``         ``Σⱼ k(xᵢ, zⱼ) vⱼ`` (over a split of the j)      ``matvec_source``
+``kernel_matvec``         ``Σⱼ k(xᵢ, zⱼ) vⱼ``                          ``matvec_source``
 ``gaussian_log_sums``     ``[m, Σⱼ e^(log kᵢⱼ − m) [1, tⱼ]]``, online   ``GAUSSIAN_LOG_SUMS``
 ``nearest``               the k nearest (distance, index) pairs       ``NEAREST``
 ``kernel_grad_matvec``    ``Σⱼ ∂k(xᵢ, zⱼ)/∂θ_p vⱼ`` for every p          ``grad_matvec_source``
@@ -39,7 +41,8 @@ def kernel_matvec(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, span, D: tl.constex
     tcols = tl.arange(0, TP)
     tmask = tcols < T
     # this program's columns: the split program_id(1) of span columns; its sums go to
-    # out[program_id(1)], which the launcher adds up
+    # out[program_id(1)], which the launcher adds up (int32 offsets: splits > 1 only for
+    # blocks of few rows, so program_id(1) * n * T stays small)
     first = tl.program_id(1) * span
     end = tl.minimum(first + span, m)
 {prologue}

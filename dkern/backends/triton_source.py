@@ -120,10 +120,19 @@ def _scaled_sqdist(k: Stationary, src: TileSource, d: int,
     return r2, parts
 
 
+def _load_x(k: int) -> str:
+    """Feature k of the tile's rows of x, in the compute dtype."""
+    return f"tl.load(x_ptr + rows * D + {k}, mask=rmask, other=0.0).to(CT)"
+
+
+def _load_z(k: int) -> str:
+    """Feature k of the tile's rows of z, in the compute dtype."""
+    return f"tl.load(z_ptr + cols * D + {k}, mask=cmask, other=0.0).to(CT)"
+
+
 def _diff(j: int) -> str:
     """The tile of ``x_j − z_j``, read again after the features' loop."""
-    return (f"(tl.load(x_ptr + rows * D + {j}, mask=rmask, other=0.0)[:, None] - "
-            f"tl.load(z_ptr + cols * D + {j}, mask=cmask, other=0.0)[None, :]).to(CT)")
+    return f"({_load_x(j)}[:, None] - {_load_z(j)}[None, :])"
 
 
 def _lengthscale_grads(k: Stationary, src: TileSource, g: str, s2: list[str]) -> list[str]:
@@ -132,7 +141,8 @@ def _lengthscale_grads(k: Stationary, src: TileSource, g: str, s2: list[str]) ->
 
 
 def _gaussian(k: Gaussian, src: TileSource, d: int) -> Tile:
-    if not src.grads:  # e^(-r²/2) as 2^(-r² log2(e) / 2): one multiply and a native exp2
+    if not src.grads:  # e^(-r²/2) as 2^(-r² log2(e) / 2): one multiply, and exp2 is the
+        # GPU's own instruction in float32
         scaled, _ = _scaled_sqdist(k, src, d, factor=-0.5 * np.log2(np.e))
         return src.let(f"tl.exp2({scaled})"), []
     r2, s2 = _scaled_sqdist(k, src, d)
@@ -312,13 +322,10 @@ def tile_source(kernel: Kernel, d: int, grads: bool = False) -> TileLines:
     value, derivatives = emit(kernel, src, d)
     assert not grads or len(derivatives) == kernel.n_dims, (kernel, derivatives)
     hoist = bool(src.per_feature) and d <= HOIST_MAX
-    prologue = [f"x{k} = tl.load(x_ptr + rows * D + {k}, mask=rmask, other=0.0).to(CT)"
-                for k in range(d)] if hoist else []
+    prologue = [f"x{k} = {_load_x(k)}" for k in range(d)] if hoist else []
     features = []
     for k in range(d if src.per_feature else 0):
-        features += [f"xk = x{k}" if hoist else
-                     f"xk = tl.load(x_ptr + rows * D + {k}, mask=rmask, other=0.0).to(CT)",
-                     f"zk = tl.load(z_ptr + cols * D + {k}, mask=cmask, other=0.0).to(CT)",
+        features += [f"xk = x{k}" if hoist else f"xk = {_load_x(k)}", f"zk = {_load_z(k)}",
                      "diff = xk[:, None] - zk[None, :]"]
         features += [line.replace("{k}", str(k)) for line in src.per_feature]
     # a kernel of constants alone is a scalar: the zeros tile gives it the tile's shape (a
