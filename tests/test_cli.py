@@ -386,15 +386,20 @@ def test_workers_of_a_later_cluster_see_variables_set_since_the_first(monkeypatc
 
 
 def test_workers_fork_from_the_server_unless_the_user_names_a_start_method(monkeypatch):
-    """dkern's embedded workers are forks of its fork server; a start method the user's
-    Dask config names (here by its environment variable) is kept."""
+    """dkern's embedded workers are forks of its fork server, restarted ones too; a start
+    method the user's Dask config names (here by its environment variable) is kept."""
     def command_line():
         with open("/proc/self/cmdline", "rb") as f:
             return f.read().decode(errors="replace")
 
     with connect(n_workers=1) as client:
         (forked,) = client.run(command_line).values()
+        # a restart forks again, after connect's settings are gone (it spawned, and the
+        # worker never came back)
+        client.restart(timeout=60)
+        (again,) = client.run(command_line).values()
         client.cluster.close()
+    assert "forkserver" in again
     monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "spawn")
     with connect(n_workers=1) as client:
         (spawned,) = client.run(command_line).values()

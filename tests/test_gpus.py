@@ -29,6 +29,31 @@ def test_one_worker_per_gpu_each_seeing_its_own_also_after_a_restart():
     assert _visible_device() is None  # the client's own process is left as it was
 
 
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    return sorted({lib["num_threads"] for lib in threadpool_info()
+                   if lib["user_api"] == "blas"})
+
+
+def _preloads(dask_worker):
+    return [getattr(p, "name", p) for p in dask_worker.preloads]
+
+
+@pytest.mark.distributed
+def test_a_gpu_worker_has_dkern_s_settings_and_its_share_of_the_cores_for_blas():
+    """One GPU worker on this host: dkern's worker preload (its workers started after
+    connect's settings were gone, once), and BLAS on every core (CPU workers keep one)."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("one core: a share of them is one thread, as the CPU workers have")
+    with dkern.connect(gpus=1) as client:
+        assert list(client.run(_preloads).values()) == [["dkern.runtime.preload"]]
+        assert list(client.run(_blas_threads).values()) == [[cores]]
+    with dkern.connect(n_workers=1) as client:
+        assert list(client.run(_blas_threads).values()) == [[1]]
+
+
 @pytest.mark.parametrize("gpus, want", [(2, [0, 1]), ([2, 0], [2, 0]), ((1,), [1])])
 def test_gpu_ids_takes_a_count_or_indices(gpus, want):
     assert gpu_ids(gpus) == want

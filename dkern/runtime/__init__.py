@@ -23,6 +23,7 @@ from .checks import SAFE_DESERIALIZERS, ClusterVersionError
 from .config import WORKER_CONFIG, worker_config
 from .forkserver import (
     METHOD_KEY,
+    ForkserverNanny,
     start_preloaded_forkserver,
     user_start_method,
     worker_start_method,
@@ -181,18 +182,22 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
     with dask.config.set(settings), _spawn_environ(settings):
         if settings[METHOD_KEY] == "forkserver" and kwargs.get("processes", True):
             kwargs["env"] = {**start_preloaded_forkserver(), **(kwargs.get("env") or {})}
+            kwargs.setdefault("worker_class", ForkserverNanny)
         cluster = LocalCluster(**kwargs) if devices is None else \
             GpuLocalCluster(devices, **kwargs)
-    try:
-        client = DkernClient(cluster, deserializers=deserializers)
-        if devices is not None:
-            client.wait_for_workers(len(devices))
-            logger.info("embedded cluster: one worker per GPU (%s)",
-                        ", ".join(map(str, devices)))
-        return client
-    except Exception:
-        cluster.close()
-        raise
+        try:
+            client = DkernClient(cluster, deserializers=deserializers)
+            if devices is not None:
+                # GpuLocalCluster's workers start after it returns: waiting for them here,
+                # with the settings in force, is what gives them dkern's worker settings
+                # (preload, memory fractions), which a worker reads when it starts
+                client.wait_for_workers(len(devices))
+                logger.info("embedded cluster: one worker per GPU (%s)",
+                            ", ".join(map(str, devices)))
+            return client
+        except Exception:
+            cluster.close()
+            raise
 
 
 @contextlib.contextmanager

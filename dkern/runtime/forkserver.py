@@ -18,6 +18,8 @@ import os
 from multiprocessing import forkserver
 
 import dask
+from distributed import Nanny
+from distributed.core import Status
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +75,17 @@ def start_preloaded_forkserver() -> dict[str, str]:
     forkserver.ensure_running()
     return {key: value for key, value in os.environ.items()
             if _server_environ.get(key) != value}
+
+
+class ForkserverNanny(Nanny):
+    """A nanny that starts its worker from the fork server again when it restarts it.
+
+    distributed reads the start method from the Dask config each time a nanny starts its
+    worker process; dkern's setting is in force only while ``connect()`` creates the
+    cluster, so without this a restart (``client.restart()``, a worker past its memory
+    limit) would spawn instead, and that worker never came back.
+    """
+
+    async def instantiate(self) -> Status:
+        with dask.config.set({METHOD_KEY: "forkserver"}):
+            return await super().instantiate()

@@ -8,6 +8,7 @@ tasks dask sends there run on it. A worker that restarts keeps its GPU.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -20,6 +21,17 @@ from distributed import LocalCluster
 #: Threads per GPU worker: one task computes on the GPU while another moves its operands
 #: (cluster/start-workers.sh uses the same).
 GPU_WORKER_THREADS = 2
+
+
+def blas_threads(n_gpus: int) -> int:
+    """BLAS threads of each of n_gpus GPU workers: its share of the host's cores.
+
+    The CPU workers' one BLAS thread each (worker.yaml) would leave a GPU host's cores idle
+    in the CPU work around the GPU's kernel sums (the sparse GP's triangular solves and
+    products per test row: on an H200 host its prediction took 47.7 s on the GPU worker
+    against 6.8 s on 16 CPU workers, benchmarks/RESULTS.md).
+    """
+    return max(1, (os.cpu_count() or 1) // n_gpus)
 
 
 def visible_gpus() -> int:
@@ -84,7 +96,8 @@ def gpu_ids(gpus: bool | int | Sequence[int]) -> list[int]:
 
 class GpuLocalCluster(LocalCluster):
     """A ``LocalCluster`` with one worker process per GPU, named ``gpu<i>``, whose nanny
-    sets ``CUDA_VISIBLE_DEVICES=<i>`` before the worker starts.
+    sets ``CUDA_VISIBLE_DEVICES=<i>`` before the worker starts, and ``DKERN_BLAS_THREADS``
+    to its share of the cores (:func:`blas_threads`, applied by dkern's worker preload).
 
     Parameters
     ----------
@@ -110,6 +123,7 @@ class GpuLocalCluster(LocalCluster):
             raise ValueError(f"every GPU of this cluster ({', '.join(self._gpus)}) has its "
                              "worker; one worker per GPU.")
         device = free[0]
-        options = {**spec["options"], "name": f"gpu{device}",
-                   "env": {**spec["options"].get("env", {}), "CUDA_VISIBLE_DEVICES": device}}
+        env = {**spec["options"].get("env", {}), "CUDA_VISIBLE_DEVICES": device,
+               "DKERN_BLAS_THREADS": str(blas_threads(len(self._gpus)))}
+        options = {**spec["options"], "name": f"gpu{device}", "env": env}
         return {f"gpu{device}": {**spec, "options": options}}

@@ -14,11 +14,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 import dask
 from dask.utils import format_bytes, parse_timedelta
+from threadpoolctl import threadpool_limits
 from tornado.ioloop import PeriodicCallback
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,14 @@ class Trimmer:
 
 
 def dask_setup(worker: Any) -> None:
-    """Start the trimming callback on ``worker`` (distributed's preload hook)."""
+    """Start the trimming callback on ``worker`` (distributed's preload hook), and give its
+    BLAS the threads ``DKERN_BLAS_THREADS`` names (GPU workers: their share of the cores;
+    a forked worker's OpenBLAS read its thread count in the fork server, so the variable
+    alone would change nothing)."""
+    threads = os.environ.get("DKERN_BLAS_THREADS")
+    if threads:
+        threadpool_limits(int(threads), user_api="blas")
+        logger.info("worker BLAS threads: %s", threads)
     trim = _malloc_trim()
     if trim is None:
         logger.info("no malloc_trim in this C library; freed heap is not trimmed")
