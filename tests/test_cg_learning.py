@@ -181,3 +181,41 @@ def test_trust_regions_return_the_best_theta_evaluated():
     assert value == best_value
     np.testing.assert_array_equal(theta, best_theta)
     assert objective(theta)[0] == value
+
+
+def test_a_trial_estimate_needing_many_more_cg_steps_counts_as_worse(monkeypatch):
+    """After the first estimate (4 CG steps here), each CG solve is capped at
+    max(ESTIMATE_MIN_STEPS, ESTIMATE_STEP_FACTOR × 4); one that reaches the cap is -inf,
+    so the optimizer steps back instead of waiting on an ill-conditioned trial point."""
+    from dkern.models.posteriors.evidence import EvidenceEstimate
+
+    caps, steps = [], iter([4, 7, 10**6])
+
+    def fake(k, X, y, alpha, *, max_iter, **_):
+        caps.append(max_iter)
+        n_iter = min(next(steps), max_iter or 10**6)
+        return EvidenceEstimate(-float(n_iter), 0.1, np.ones(2), np.zeros(2), n_iter)
+
+    monkeypatch.setattr(exact_learning, "estimated_log_marginal_likelihood", fake)
+    lml = exact_learning.cg_estimated_likelihood(None, None, 0.1, rank=10, tol=1e-4,
+                                                 backend="numpy", seed=0)
+    kernel = 1.0 * Gaussian(1.0)
+    cap = max(exact_learning.ESTIMATE_MIN_STEPS, exact_learning.ESTIMATE_STEP_FACTOR * 4)
+    assert lml(kernel, True)[0] == -4.0 and lml(kernel, True)[0] == -7.0
+    value, gradient = lml(kernel, True)
+    assert caps == [None, cap, cap]
+    assert value == -np.inf and np.array_equal(gradient, np.zeros(2))
+
+
+def test_trust_regions_step_back_from_estimates_counted_as_worse():
+    """Past |θ| > 1.5 every estimate 'stops unconverged' (inf here, the objective being
+    -ln p); the optimum beyond is not reached, the best finite θ seen is returned."""
+    def objective(theta):
+        theta = np.asarray(theta)
+        if np.abs(theta).max() > 1.5:
+            return np.inf, np.zeros_like(theta)
+        return float(np.sum((theta - 2.0) ** 2)), 2 * (theta - 2.0)
+
+    theta, value = exact_learning.lbfgs_on_estimate(objective, np.zeros(1),
+                                                    np.array([[-3.0, 3.0]]))
+    assert np.isfinite(value) and 0.5 < theta[0] <= 1.5 and value == objective(theta)[0]

@@ -34,6 +34,12 @@ ESTIMATE_LINE_SEARCH = 5
 #: (a factor e), and the regions at most.
 ESTIMATE_TRUST_RADIUS = 1.0
 ESTIMATE_ROUNDS = 6
+#: CG steps an estimate may take, as a multiple of the first estimate's (at the start),
+#: and at least: a trial θ where CG needs more counts as worse than the start (-inf). At
+#: n = 100,000 one trial point's solve ran 46 minutes unconverged against 4 minutes at the
+#: start (benchmarks/RESULTS.md), so a budget of estimates did not bound the time.
+ESTIMATE_STEP_FACTOR = 5
+ESTIMATE_MIN_STEPS = 16
 
 
 def learned_exact_kernel(kernel: Kernel, X: Any, y: Any, alpha: float, *, optimizer: Any,
@@ -135,12 +141,24 @@ def cg_estimated_likelihood(Xd: da.Array, Yd: da.Array, alpha: float, *, rank: i
     """``ln p(y | θ)`` and its gradient estimated by one CG solve each
     (:func:`~.posteriors.evidence.estimated_log_marginal_likelihood`), with
     ``EVIDENCE_PROBES`` probes and the same ``seed`` at every θ, so that the optimizer
-    sees one deterministic function; each estimate and its standard errors are logged."""
+    sees one deterministic function; each estimate and its standard errors are logged.
+    After the first, an estimate whose CG solve reaches ``ESTIMATE_STEP_FACTOR`` times the
+    first's steps (at least ``ESTIMATE_MIN_STEPS``) stops there and counts as ``-inf``."""
+    first_steps: list[int] = []
 
     def lml(k: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
+        cap = max(ESTIMATE_MIN_STEPS, ESTIMATE_STEP_FACTOR * first_steps[0]) \
+            if first_steps else None
         estimate = estimated_log_marginal_likelihood(
             k, Xd, Yd, alpha, eval_gradient=eval_gradient, n_probes=EVIDENCE_PROBES,
-            rank=rank, tol=tol, random_state=seed, backend=backend)
+            rank=rank, tol=tol, random_state=seed, backend=backend, max_iter=cap)
+        if cap is None:
+            first_steps.append(max(1, estimate.n_iter))
+        elif estimate.n_iter >= cap:
+            logger.info("estimate at θ = %s stopped unconverged after %d CG steps (%d× the "
+                        "first estimate's): counted as -inf", np.round(k.theta, 3),
+                        estimate.n_iter, ESTIMATE_STEP_FACTOR)
+            return -np.inf, np.zeros(len(k.theta))
         logger.info("estimated ln p(y | θ) = %.8g ± %.2g (%d CG steps); gradient's largest "
                     "standard error %.2g", estimate.value, estimate.value_stderr,
                     estimate.n_iter, estimate.gradient_stderr.max(initial=0.0))
