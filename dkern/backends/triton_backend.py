@@ -46,7 +46,7 @@ GPU_TILES = {"float32": (128, 32, 4), "float64": (64, 32, 2)}
 #: gradient), not swept: those they were written with. _launch shrinks what does not fit.
 GPU_OTHER_TILES = (128, 64, 4)
 #: Under the interpreter bigger tiles mean fewer Python-level steps.
-INTERPRETER_TILES = (128, 64, 1)
+INTERPRETER_TILES = (128, 128, 1)
 #: Tiles a one-column product sums entry by entry before it reduces across their columns
 #: into its float64 total: more is fewer reductions, fewer is float32 sums of fewer terms.
 GPU_CHUNK = {"float32": 16, "float64": 16}
