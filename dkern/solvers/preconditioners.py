@@ -218,7 +218,8 @@ def _rpcholesky_factor(kernel: Kernel, Xd: da.Array, rank: int, rng: np.random.G
         if F.shape[1]:
             G = G - da.dot(F, da.from_array(FS.T))
         (G,) = dask.persist(G)
-        (H,) = dask.compute(G[S])
+        # G[S] = K(S, S) − F[S] F[S]ᵀ from the pivots' rows already here: no round trip
+        H = np.asarray(kernel(Z, Z), dtype=np.float64) - FS @ FS.T
         Fnew = da.dot(G, da.from_array(_psd_inverse_sqrt(H)))  # line 5: G chol(G[S])⁻ᵀ
         F = da.concatenate([F, Fnew], axis=1).rechunk((Xd.chunks[0], -1))
         d = da.maximum(d - (Fnew**2).sum(axis=1), 0.0)  # line 6: residual diagonal
