@@ -25,10 +25,12 @@ import numpy as np
 import pytest
 import zarr
 
+import dkern
 from dkern import cli
 from dkern.errors import CorruptChunkError, StoreError
 from dkern.io import check_store, clean_store, open_array, write_array, write_arrays
 from dkern.io._store import checksum
+from dkern.models.persist import check_can_save
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,36 +139,52 @@ def test_cli_fit_over_a_forged_model_store_keeps_the_victim(tmp_path, capsys,
     """The issue's CLI repro: a model store whose ``residuals`` entry names another folder
     (and one naming ``../nothing``), then ``dkern fit … --model model.zarr --overwrite``.
 
-    On the session's cluster (``--scheduler``): an embedded cluster's start in each run
-    is not this test's subject (three starts were most of its time). The first forged
-    run is a real command line (exit status, one-line error, no traceback); the model's
-    first save and the second forged run are ``dkern fit`` run in this process."""
+    The model is first saved by ``dkern fit`` on the session's cluster. The forged runs
+    name a scheduler address where nothing listens: the refusal must come before any
+    cluster is reached (not after a fit, as it once did). The first is a real command line
+    (exit status, one-line error, no traceback), the second runs in this process."""
     data, model = str(tmp_path / "data.zarr"), str(tmp_path / "model.zarr")
     rng = np.random.default_rng(0)
     X = rng.normal(size=(200, 3))
     write_arrays(data, {"X": X, "y": np.sin(X[:, 0])}, chunk_rows=50)
     args = ["fit", "--data", data, "--x", "X", "--y", "y", "--model", model, "--solver",
-            "exact", "--alpha", "0.01", "--scheduler", _session_cluster.scheduler.address,
-            "--quiet"]
-    assert cli.main(args) == 0
-    argv = [sys.executable, "-m", "dkern", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            "exact", "--alpha", "0.01", "--quiet", "--scheduler"]
+    assert cli.main([*args, _session_cluster.scheduler.address]) == 0
+    args += ["tcp://127.0.0.1:1", "--overwrite"]  # nothing listens there
     names = json.loads(Path(model, "zarr.json").read_text())["attributes"]["dkern"]["arrays"]
     name = "residuals" if "residuals" in names else sorted(names)[0]
     target = victim(tmp_path)
     forge(model, retarget(name, str(target)))
-    done = subprocess.run([*argv, "--overwrite"], capture_output=True, text=True, env=env,
-                          timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "dkern", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
     assert done.returncode != 0 and "cannot be trusted" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert intact(target)
     (tmp_path / "bystander.txt").write_text("keep me")
     forge(model, retarget(name, "../nothing"))
     capsys.readouterr()
-    code = cli.main([*args, "--overwrite"])
+    code = cli.main(args)
     err = capsys.readouterr().err
     assert code != 0 and "cannot be trusted" in err, err
     assert (tmp_path / "bystander.txt").read_text() == "keep me" and Path(data).exists()
+
+
+def test_a_forged_model_store_is_refused_before_the_fit(tmp_path):
+    """check_can_save (called before a fit) raises the error save would raise, so a fit
+    is not spent on a model that could not be saved."""
+    url = str(tmp_path / "model.zarr")
+    X = np.random.default_rng(1).normal(size=(40, 2))
+    dkern.save(dkern.KernelRidge(alpha=0.1, solver="exact").fit(X, X[:, 0]), url)
+    check_can_save(url, overwrite=True)  # intact: fine
+    forge(url, retarget(entry_name(url), str(victim(tmp_path))))
+    with pytest.raises(StoreError, match="cannot be trusted"):
+        check_can_save(url, overwrite=True)
+
+
+def entry_name(url):
+    return sorted(json.loads(Path(url, "zarr.json").read_text())["attributes"]["dkern"][
+        "arrays"])[0]
 
 
 def entry_of(url, name):

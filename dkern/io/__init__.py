@@ -8,7 +8,7 @@ The only dkern package that imports zarr. Data flow::
 """
 
 from dkern.io.maintenance import StoreReport, check_store, clean_store
-from dkern.io.read import list_arrays, open_array, read_attrs, read_manifest
+from dkern.io.read import group_exists, list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
     Rows,
     StoreRef,
@@ -32,6 +32,7 @@ __all__ = [
     "check_store",
     "clean_store",
     "default_row_chunk",
+    "group_exists",
     "is_lazy",
     "is_store_ref",
     "path_within",

@@ -24,6 +24,7 @@ from dkern.io._store import (
     StrictChunkStore,
     Url,
     check_no_links,
+    find_group,
     is_own_link,
     local_dir,
     make_store,
@@ -35,7 +36,7 @@ from dkern.io._store import (
     where,
 )
 
-__all__ = ["list_arrays", "open_array", "read_attrs", "read_manifest"]
+__all__ = ["group_exists", "list_arrays", "open_array", "read_attrs", "read_manifest"]
 
 
 def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
@@ -80,6 +81,15 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
         z = _dkern_array(url, group, name, entry, verify=verify)
         dask_name = read_name(url, group, name, entry)  # write_arrays recognises it by this name
     return zarr_to_dask(z, url=url, label=path, name=dask_name)
+
+
+def group_exists(url: Url, group: str = "") -> bool:
+    """Whether the store at ``url`` has a Zarr group at ``group`` (its pointer unread).
+
+    Tells "nothing there yet" from a store that is there but damaged, which
+    :func:`read_attrs` and :func:`list_arrays` both report as ``StoreError``.
+    """
+    return find_group(os.fspath(url), group.strip("/")) is not None
 
 
 def read_attrs(url: Url, group: str = "") -> dict[str, Any]:

@@ -55,7 +55,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._version import __version__
 from ..errors import DkernError, StoreError
-from ..io import open_array, read_attrs, write_arrays
+from ..io import group_exists, open_array, read_attrs, write_arrays
 from ..kernels import Kernel, from_repr, from_sklearn
 from ._file_checks import MODEL_FORMAT, checked_model_file
 from ._model_file import ModelFile, decode_scalars, encode_scalars
@@ -272,7 +272,9 @@ def check_can_save(url: str | os.PathLike[str], *, overwrite: bool = False) -> N
     StoreError
         The store already holds a model and ``overwrite`` is False, or it holds data
         arrays, beside a model or not (a model file replaces every array of its store's
-        top-level group, so that is refused even with ``overwrite``).
+        top-level group, so that is refused even with ``overwrite``); or its pointer fails
+        its checks (edited, damaged or forged: nothing it names can be trusted, so nothing
+        is replaced).
     """
     url = os.fspath(url)
     found = _existing_attrs(url)
@@ -292,11 +294,10 @@ def check_can_save(url: str | os.PathLike[str], *, overwrite: bool = False) -> N
 
 
 def _existing_attrs(url: str) -> dict[str, Any]:
-    """The attributes of the store at ``url``; ``{}`` if there is none yet."""
-    try:
-        return read_attrs(url)
-    except StoreError:
-        return {}
+    """The attributes of the store at ``url``; ``{}`` if there is none yet. A store that is
+    there but whose pointer is damaged or forged raises, as :func:`save` would: before a
+    fit, not after it."""
+    return read_attrs(url) if group_exists(url) else {}
 
 
 def _read(url: str, name: str, *, lazy: bool) -> Any:
