@@ -191,6 +191,9 @@ def test_newton_warns_when_stopped_at_max_iter():
     assert not model.converged_ and model.residuals_.shape == (2, 1)
 
 
-@parametrize_with_checks([KernelLogisticRegression(tol=1e-4)])
+# The checks test the estimator API, not the optimum (the oracle tests above do): tol 1e-2
+# stops each of their many small fits a Newton step or two earlier (the checks took 85 s at
+# tol 1e-4, 48 s at 1e-2), and the fits still classify the checks' blobs as they require.
+@parametrize_with_checks([KernelLogisticRegression(tol=1e-2)])
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)

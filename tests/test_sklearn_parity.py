@@ -80,7 +80,8 @@ def test_klr_takes_sklearns_C(C, tmp_path):
 def test_klr_grid_over_C_and_its_refusals():
     """A grid over C works; C with a non-default alpha, or C <= 0, is refused by name."""
     X, y = _breast_cancer()
-    search = GridSearchCV(dkern.KernelLogisticRegression(dkern.kernels.Linear(), tol=1e-4),
+    # tol 1e-2: the grid's plumbing is the point, not each fit's optimum (fewer Newton steps)
+    search = GridSearchCV(dkern.KernelLogisticRegression(dkern.kernels.Linear(), tol=1e-2),
                           {"C": [0.001, 0.1]}, cv=2).fit(X[:120], y[:120])
     assert search.best_params_["C"] in (0.001, 0.1)
     with pytest.raises(ValueError, match="give alpha or C, not both: got alpha=0.5 and C=1"):

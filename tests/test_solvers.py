@@ -19,7 +19,10 @@ RNG = np.random.default_rng(3)
 N = 200
 X = RNG.normal(size=(N, 2))
 KERNEL = Gaussian(1.0)
-ALPHA = 0.1
+# K + alpha I with alpha = 1: kappa ~ 40, so a CG solve to 1e-10 is ~30 steps. Every step
+# is dask graph overhead (~0.1 s here, whatever n), so the condition number sets the
+# tests' time (alpha = 0.1 took twice the steps and proved nothing more).
+ALPHA = 1.0
 B8 = RNG.normal(size=(N, 8))
 DENSE = KERNEL(X, X) + ALPHA * np.eye(N)
 
@@ -36,7 +39,7 @@ def operator(alpha=ALPHA, dtype=None):
 
 def test_cg_single_and_block_match_dense_solve():
     """A block of 3 right-hand sides: each column is the single-column solve (each CG solve
-    here is ~65 steps of graph overhead, so 4 solves, not 10)."""
+    here is ~30 steps of graph overhead, so 4 solves, not 10)."""
     B = B8[:, :3]
     single = cg(operator(), B[:, 0], tol=1e-10)
     block = cg(operator(), B, tol=1e-10)
@@ -171,8 +174,13 @@ class Scaled:
 
 
 def test_jacobi_same_solution_fewer_iterations():
+    """Jacobi undoes the scaling S: alpha = 10 makes K + alpha I itself well conditioned,
+    so the plain solve's extra steps are the scaling's alone (measured: 73 plain, 13 Jacobi;
+    at alpha = 0.1, 186 and 54 steps of graph overhead)."""
     s = np.exp(RNG.uniform(-1.0, 1.0, size=N))
-    A, dense = Scaled(operator(), s), s[:, None] * DENSE * s[None, :]
+    alpha = 10.0
+    A = Scaled(operator(alpha), s)
+    dense = s[:, None] * (KERNEL(X, X) + alpha * np.eye(N)) * s[None, :]
     plain = cg(A, B8[:, 0], tol=1e-8)
     jacobi = cg(A, B8[:, 0], tol=1e-8, preconditioner=JacobiPreconditioner(A))
     want = sla.solve(dense, B8[:, 0])
@@ -267,7 +275,8 @@ def test_callback_gets_scalars_each_iteration():
 def test_client_receives_only_scalars(cluster_client, monkeypatch):
     """n = 20 000: a leaked float64 n-vector would be 160 kB; every gather stays tiny."""
     n = 20_000
-    d = np.linspace(1.0, 10.0, n)
+    # kappa = 2: 11 CG steps (kappa = 10 took 29, each a few cluster round trips of ~0.7 s)
+    d = np.linspace(1.0, 2.0, n)
     received = []
     gather = cluster_client.gather
 
@@ -308,7 +317,10 @@ def test_nystrom_preconditioner_stays_positive_definite_when_k_is_ill_conditione
         P = NystromPreconditioner(kernel, Xd, 1e-3, 300, pivots=pivots, random_state=0)
         G = P.factor.compute()
         Pinv = np.eye(3000) + G @ P.core @ G.T
-        assert np.linalg.eigvalsh((Pinv + Pinv.T) / 2).min() > 0
+        # P⁻¹ is positive definite iff its Cholesky factorisation exists: the same check as
+        # eigvalsh(...).min() > 0 (both to rounding, ~n·eps = 1e-12, here min eig ~7e-7;
+        # an indefinite P⁻¹ raises LinAlgError), in 1 s instead of 10-15 s at n = 3000
+        np.linalg.cholesky((Pinv + Pinv.T) / 2)
         res = cg(dkern.gram(kernel, Xd) + 1e-3, y, preconditioner=P, tol=1e-6, max_iter=60)
         x = res.x.compute()
     assert res.converged.all()
