@@ -35,9 +35,12 @@ def test_normal_block_numpy_matches_dense_with_tiles():
 
 @pytest.mark.keops
 def test_normal_block_keops_matches_dense():
-    C, v = X[:37], RNG.normal(size=(37, 2))
-    K = Gaussian(0.7)(X, C)
-    got = normal_matvec_block_keops(Gaussian(0.7), X, C, v)
+    # d = 3 and 16 columns: the KeOps formula other tests compile (Gaussian, d = 3, V 16
+    # wide); X's d = 2 with 2 columns compiled one of its own (~15-35 s)
+    x = np.column_stack([X, Y])
+    C, v = x[:37], RNG.normal(size=(37, 16))
+    K = Gaussian(0.7)(x, C)
+    got = normal_matvec_block_keops(Gaussian(0.7), x, C, v)
     np.testing.assert_allclose(got, K.T @ (K @ v), rtol=1e-10)
 
 
