@@ -276,11 +276,12 @@ def test_predicting_on_a_new_client_rebuilds_the_persisted_caches():
     """The preconditioner and LOVE's basis are persisted on the cluster that fitted the
     model; after that client closes, a new one must rebuild them (it failed with "lost
     dependencies"). 200 rows, r = 30, k = 10: a basis of fewer than n columns, built from
-    the same pivots (random_state), so the same std."""
+    the same pivots (random_state), so the same std. CG's tol 1e-3 (21 steps, not 36 at
+    1e-6: each a round trip to the cluster) leaves the std alone: LOVE's basis is its own."""
     from distributed import Client, LocalCluster
 
     gp = our_gp(optimizer=None, solver="cg", variance="lanczos", lanczos_rank=10,
-                preconditioner_rank=30, tol=1e-6, random_state=0)
+                preconditioner_rank=30, tol=1e-3, random_state=0)
     stds = []
     for _ in range(2):
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,

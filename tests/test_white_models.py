@@ -64,13 +64,18 @@ def sk_kernel(d):
 @pytest.mark.filterwarnings("ignore:.*(upper bound|close to the specified):"
                             "sklearn.exceptions.ConvergenceWarning",
                             "ignore:.*upper bound:dkern.errors.ConvergenceWarning")
-@pytest.mark.parametrize("data", [diabetes_200, wine, linnerud,
-                                  pytest.param(diabetes, marks=pytest.mark.slow)])
-def test_learned_noise_reaches_sklearn_and_predicts_as_it_does(data):
+@pytest.mark.parametrize(("data", "restarts"), [
+    (diabetes_200, 1), (wine, 1), (linnerud, 1),
+    # all 442 rows: scikit-learn's two runs (the reference) take 12 s of CPU and dkern's
+    # would take as long again; dkern's run from the kernel's start alone reaches their best
+    # (the restart ends lower on every data set here, 483.7 against 478.4 on this one)
+    pytest.param(diabetes, 0, marks=pytest.mark.slow)],
+    ids=["diabetes_200", "wine", "linnerud", "diabetes"])
+def test_learned_noise_reaches_sklearn_and_predicts_as_it_does(data, restarts):
     X, y = data()
     kernel = sk_kernel(X.shape[1])
     sk = SkGPR(kernel, n_restarts_optimizer=1, random_state=0).fit(X, y)
-    ours = GaussianProcessRegressor(from_sklearn(kernel), n_restarts_optimizer=1,
+    ours = GaussianProcessRegressor(from_sklearn(kernel), n_restarts_optimizer=restarts,
                                     random_state=0, solver="exact").fit(X, y)
     assert ours.log_marginal_likelihood_value_ >= sk.log_marginal_likelihood_value_ - 1e-3
     assert ours.kernel_.white_noise() > 1e-3  # the noise was learned, not left at a bound
