@@ -178,8 +178,9 @@ def test_readme_snippets_run_as_scripts(tmp_path):
 #: Examples with a test of their own below, which also checks what they write.
 OWN_TEST = {"mauna_loa_co2.py"}
 #: Options scaling an example down for the test (as SCALED does for the README): the
-#: same code path and check, on fewer rows (gram_matvec: 5 row chunks at any n).
-EXAMPLE_ARGS = {"gram_matvec.py": ["--n", "5000"]}
+#: same code path and check, on fewer rows (gram_matvec: 5 row chunks at any n;
+#: krr_from_zarr: 4).
+EXAMPLE_ARGS = {"gram_matvec.py": ["--n", "5000"], "krr_from_zarr.py": ["--n", "20000"]}
 
 
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py") if p.name not in OWN_TEST)
@@ -210,6 +211,8 @@ def test_example_runs_as_written(example, examples_run):
     assert status == 0, stdout[-2000:] + stderr[-4000:]
     if example == "gram_matvec.py":  # it ran at the size asked for
         assert "K is (5000, 5000)" in stdout, stdout
+    if example == "krr_from_zarr.py":
+        assert "on 20,000 rows" in stdout, stdout
 
 
 def _example_module(name):
