@@ -1,8 +1,9 @@
 """The README's python snippets and the scripts in examples/ run as written, as scripts.
 
-Each runs in a fresh interpreter, as a user would run it: the embedded LocalCluster's
-worker processes re-import the script, which fails without an ``if __name__ ==
-"__main__":`` guard.
+Each runs as ``python SCRIPT`` runs it, as ``__main__`` from its file (``run_scripts``: the
+README's snippets one after the other in a fresh interpreter, the examples in another): the
+embedded LocalCluster's worker processes re-import the script, which fails without an
+``if __name__ == "__main__":`` guard.
 """
 
 import os
@@ -22,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The README's sizes, scaled down for the test. Each must occur in the README, so a
 #: snippet that changes fails here instead of silently running at full size.
 SCALED = {"n=1_000_000": "n=20_000", "X[:2000]": "X[:200]", "np.ones(2000)": "np.ones(200)",
-          "n_centers=2000": "n_centers=100", "n_centers=500": "n_centers=100"}
+          "n_centers=2000": "n_centers=100", "n_centers=500": "n_centers=100",
+          '")[:2000]': '")[:500]'}  # the toolbox snippet's queries
 
 
 def _gaussian(A, B, ell):
@@ -39,6 +41,66 @@ def run_script(path, cwd, *args, extra_env=None):
                           capture_output=True, text=True, timeout=600)
 
 
+#: Runs the scripts named in its argument (JSON: script, args, output prefix) one after the
+#: other in this interpreter, each as ``python SCRIPT ARGS`` would run it: as ``__main__``
+#: from its file, with its argv and its folder first on sys.path, so that the workers of its
+#: embedded cluster re-import it from that file as they would. Its stdout goes to
+#: PREFIX.stdout, its exit status to PREFIX.status; the clusters it leaves running are
+#: closed after it, as the interpreter's exit would. With "stop", the first failure ends
+#: the run (the README's snippets build on each other). Later scripts find dkern imported
+#: and the embedded clusters' fork server running: each saves ~7 s of imports (its own and
+#: its fork server's), the most of what a short script costs.
+DRIVER = """
+import contextlib, json, os, runpy, sys, traceback
+from distributed.deploy.spec import SpecCluster
+
+stop = sys.argv[2] == "stop"
+for script, args, prefix in json.loads(sys.argv[1]):
+    sys.argv, path = [script, *args], list(sys.path)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    status = 0
+    try:
+        with open(prefix + ".stdout", "w") as out, contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:  # sys.exit(code) as the interpreter reads it
+        code = exit_.code
+        status = code if isinstance(code, int) else int(code is not None)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    finally:
+        for cluster in list(SpecCluster._instances):
+            cluster.close()
+        sys.path[:] = path
+    with open(prefix + ".status", "w") as f:
+        f.write(str(status))
+    if status and stop:
+        break
+"""
+
+
+def run_scripts(scripts, cwd, stop=False):
+    """Run ``scripts`` ((path, args, output prefix), ...) with ``DRIVER`` in one fresh
+    interpreter in ``cwd`` (``stop``: stop at the first failure); return its
+    CompletedProcess and each script's (status, stdout), status None where it did not run
+    (an earlier one failed, with ``stop``, or the interpreter died)."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's dkern, in every worker too
+    done = subprocess.run([sys.executable, "-c", DRIVER,
+                           json.dumps([[str(p), list(a), str(o)] for p, a, o in scripts]),
+                           "stop" if stop else "all"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    results = []
+    for _, _, prefix in scripts:
+        status = Path(f"{prefix}.status")
+        results.append((int(status.read_text()), Path(f"{prefix}.stdout").read_text())
+                       if status.exists() else (None, ""))
+    return done, results
+
+
 def readme_snippets():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
@@ -51,15 +113,18 @@ def test_readme_snippets_run_as_scripts(tmp_path):
     assert len(snippets) == 5, "update this test with the README's snippets"
     for old in SCALED:
         assert any(old in code for code in snippets), f"{old!r} is no longer in the README"
-    outputs = []
+    scripts = []
     for i, code in enumerate(snippets):  # in order, in one folder: the second uses data.zarr
         for old, new in SCALED.items():
             code = code.replace(old, new)
         script = tmp_path / f"readme_{i}.py"
         script.write_text(code, encoding="utf-8")
-        result = run_script(script, tmp_path)
-        assert result.returncode == 0, result.stderr[-4000:]
-        outputs.append(result.stdout)
+        scripts.append((script, (), script))
+    done, results = run_scripts(scripts, tmp_path, stop=True)
+    for i, (status, _) in enumerate(results):
+        assert status == 0, (i, status, done.stderr[-4000:])
+    assert done.returncode == 0, done.stderr[-4000:]
+    outputs = [stdout for _, stdout in results]
     store = str(tmp_path / "data.zarr")
     assert {"Kv", "pred"} <= set(list_arrays(store))
     # first snippet: Kv = K(X, X[:200]) @ 1 with k = 2 Gaussian(0.5) + Linear, checked densely
@@ -87,8 +152,10 @@ def test_readme_snippets_run_as_scripts(tmp_path):
     rmse = np.sqrt(np.mean((mean - truth) ** 2))
     assert rmse < 0.8 * np.sqrt(np.mean(truth**2)) and f"GP test RMSE {rmse:.4f}" in outputs[2]
     # fourth snippet: the toolbox's figures, recomputed densely from the store's arrays
-    Q, t, y = X_test[:2000], truth[:2000], open_array(store, "y").compute()
-    D = sum((Q[:, j, None] - X[None, :, j]) ** 2 for j in range(X.shape[1]))  # (2000, n)
+    from scipy.spatial.distance import cdist
+
+    Q, t, y = X_test[:500], truth[:500], open_array(store, "y").compute()
+    D = cdist(Q, X, "sqeuclidean")  # (500, n), from the differences
     L = -D / (2 * 0.5**2)
     top = L.max(1, keepdims=True)
     logp = (top[:, 0] + np.log(np.exp(L - top).sum(1)) - np.log(len(X))
@@ -111,20 +178,41 @@ def test_readme_snippets_run_as_scripts(tmp_path):
 #: Examples with a test of their own below, which also checks what they write.
 OWN_TEST = {"mauna_loa_co2.py"}
 #: Options scaling an example down for the test (as SCALED does for the README): the
-#: same code path and check, on fewer rows (gram_matvec: 5 row chunks at any n).
-EXAMPLE_ARGS = {"gram_matvec.py": ["--n", "12000"]}
+#: same code path and check, on fewer rows (gram_matvec: 5 row chunks at any n;
+#: krr_from_zarr: 4).
+EXAMPLE_ARGS = {"gram_matvec.py": ["--n", "5000"], "krr_from_zarr.py": ["--n", "20000"]}
+
+
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py") if p.name not in OWN_TEST)
+
+
+@pytest.fixture(scope="module")
+def examples_run(request, tmp_path_factory):
+    """The examples this session selected, run as scripts by ``run_scripts`` in one fresh
+    interpreter: {example: (status, stdout, the interpreter's stderr)} of those that ran."""
+    chosen = {item.callspec.params["example"] for item in request.session.items
+              if item.originalname == "test_example_runs_as_written"}
+    folder = tmp_path_factory.mktemp("examples")
+    todo = [e for e in EXAMPLES if e in chosen]
+    done, results = run_scripts([(ROOT / "examples" / e, EXAMPLE_ARGS.get(e, []), folder / e)
+                                 for e in todo], folder)
+    outcome = {e: (*r, done.stderr) for e, r in zip(todo, results, strict=True)
+               if r[0] is not None}
+    return outcome
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")
-                                           if p.name not in OWN_TEST))
-def test_example_runs_as_written(example, tmp_path):
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_runs_as_written(example, examples_run):
     """Each example checks its own answer and exits 1 when it is wrong."""
-    result = run_script(ROOT / "examples" / example, tmp_path, *EXAMPLE_ARGS.get(example, []))
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert example in examples_run, "the examples' interpreter died before it ran"
+    status, stdout, stderr = examples_run[example]
+    assert status == 0, stdout[-2000:] + stderr[-4000:]
     if example == "gram_matvec.py":  # it ran at the size asked for
-        assert "K is (12000, 12000)" in result.stdout, result.stdout
+        assert "K is (5000, 5000)" in stdout, stdout
+    if example == "krr_from_zarr.py":
+        assert "on 20,000 rows" in stdout, stdout
 
 
 def _example_module(name):
