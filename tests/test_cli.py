@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -362,8 +363,14 @@ def test_embedded_cluster_workers_get_the_malloc_settings():
 
     with connect(n_workers=1) as client:
         env = client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC_ENV})
+        pids = list(client.run(os.getpid).values())
         cluster = client.cluster
-    cluster.close()
+    # leaving the with block closed the embedded cluster too, and its worker is gone
+    assert cluster.status.name == "closed"
+    deadline = time.monotonic() + 10  # the fork server reaps its children as they exit
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert list(env.values()) == [WORKER_MALLOC_ENV]
     # scoped to the cluster's creation: the user's Dask config is left as it was
     assert "MALLOC_MMAP_THRESHOLD_" not in dask.config.get("distributed.nanny.pre-spawn-environ")

@@ -332,10 +332,11 @@ def test_links_are_dkern_s_own_and_nothing_else_is_touched(tmp_path, monkeypatch
 
 # -------------------------------------- the workflow, on data larger than a worker's memory
 #: One worker of two threads limited to 350 MB holds X: 450,000 rows x 100 features,
-#: 360 MB, in 5,000-row chunks (4 MB; dkern refuses 20,000 here: a task would need 77 MB of
-#: the 43 MB it may take); the rows lie on a 2-D plane, so 8 centres model a
+#: 360 MB, in 2,500-row chunks (2 MB; a task needs about 15 MB of the 28-43 MB dkern lets it
+#: take, depending on what the worker process already holds: 5,000 rows needed 29 MB and
+#: were refused once, 20,000 need 77 MB); the rows lie on a 2-D plane, so 8 centres model a
 #: smooth target of them (as in tests/test_memory_limits.py).
-BIG_LIMIT, BIG_N, BIG_D, BIG_CHUNK = 350_000_000, 450_000, 100, 5_000
+BIG_LIMIT, BIG_N, BIG_D, BIG_CHUNK = 350_000_000, 450_000, 100, 2_500
 
 
 def _big_dataset():

@@ -131,15 +131,26 @@ class DkernClient(Client):
     Only an explicit close of a running synchronous client settles them (``with``, or
     ``close()``): not a close at interpreter exit, nor one of a client that lost its
     scheduler.
+
+    Closing it also closes the embedded cluster connect() started for it: distributed
+    closes only a cluster its ``Client`` created itself, so ``with dkern.connect():``
+    would leave the scheduler and worker processes running until the interpreter exits
+    (one more cluster for each such cell of a notebook).
     """
 
     #: Read by the models (``DeclaredState._settle_at_close``).
     settles_models = True
+    #: The cluster connect() started for this client (None for a remote scheduler).
+    started_cluster: Any = None
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         if self.status == "running" and not self.asynchronous and not sys.is_finalizing():
             settle(self.id)
-        return super().close(*args, **kwargs)
+        closed = super().close(*args, **kwargs)
+        cluster, self.started_cluster = self.started_cluster, None
+        if cluster is not None and not sys.is_finalizing():
+            cluster.close()
+        return closed
 
 
 def _register_scalar_family(client: Client) -> None:
@@ -187,6 +198,7 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
             GpuLocalCluster(devices, **kwargs)
         try:
             client = DkernClient(cluster, deserializers=deserializers)
+            client.started_cluster = cluster
             if devices is not None:
                 # GpuLocalCluster's workers start after it returns: waiting for them here,
                 # with the settings in force, is what gives them dkern's worker settings
