@@ -115,7 +115,7 @@ def connect(address: str | None = None, *, check_versions: bool = True,
             checks.check_versions(client)
         _register_scalar_family(client)
     except Exception:
-        _close(client)
+        client.close()  # and the cluster it started, if any
         raise
     if watch_pauses:
         PauseWatch(client).start()  # its thread ends when the client closes
@@ -259,11 +259,3 @@ def _connect_timeout(kwargs: dict[str, Any]) -> float:
     distributed's ``comm.timeouts.connect``."""
     timeout = kwargs.get("timeout") or dask.config.get("distributed.comm.timeouts.connect")
     return float(parse_timedelta(timeout, default="seconds"))
-
-
-def _close(client: Client) -> None:
-    """Close ``client`` and, if connect() started it, its cluster."""
-    cluster = client.cluster
-    client.close()
-    if cluster is not None:
-        cluster.close()
