@@ -1,0 +1,161 @@
+/* Fused Gaussian kernel products on the CPU: distance, kernel value and accumulation
+ * without storing a tile of kernel values (dkern/backends/fused_cpu.py calls these).
+ *
+ * k(x, z) = exp(c * sum_k (w_k (x_k - z_k))^2): differences first, then the lengthscale,
+ * as numpy's exact path, so a far row keeps the digits of a small difference. A scalar
+ * lengthscale folds into c (w = NULL): one multiply per entry instead of one per feature.
+ *
+ * Layout: z is transposed (d x m) and v too (t x m), so a strip of STRIP columns is
+ * contiguous in every feature; the loop over a strip's columns is the vectorised one
+ * (#pragma omp simd, built with -fopenmp-simd), ROWS rows of x at a time so each z
+ * value loaded serves ROWS rows and the ROWS exps are independent chains. A panel of
+ * PANEL columns (d * PANEL doubles) stays in L2 while every row of x walks it.
+ * Everything lives on the stack or in the caller's arrays: the functions are reentrant
+ * (ctypes releases the GIL; dask runs tasks side by side).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+#include "dkern_exp.h"
+
+enum { STRIP = 256, ROWS = 4, PANEL = 2048 };
+
+/* One hardware vector of doubles, by GCC's and Clang's vector extension: written out
+ * because the auto-vectoriser, given the loop over features inside the loop over
+ * columns, vectorises the features (a reduction per column) and loses the sums kept in
+ * registers across them. A wider type than the hardware's is lowered through the stack. */
+#if defined(__AVX512F__)
+#define VW 8
+#elif defined(__AVX__)
+#define VW 4
+#else
+#define VW 2
+#endif
+typedef double vec __attribute__((vector_size(VW * sizeof(double))));
+
+static inline vec load(const double *p) { vec v; memcpy(&v, p, sizeof v); return v; }
+static inline void store(double *p, vec v) { memcpy(p, &v, sizeof v); }
+
+/* e[r][j] = c * s(x_r, z_{j0 + j}) for the ROWS rows of x at xr[r] (rows may repeat),
+ * j < cols rounded up to LANES = 2 VW (zT's rows hold ld >= that many columns); s is the
+ * squared distance, each difference times w[k] (unless w is NULL) before squaring.
+ * ROWS x 2 independent sums: enough to hide the multiply-add's latency. */
+static inline __attribute__((always_inline)) void strip_logs(
+        const double *const xr[ROWS], const double *zT, ptrdiff_t ld, ptrdiff_t d,
+        const double *w, double c, ptrdiff_t j0, int cols, double e[ROWS][STRIP]) {
+    for (int j = 0; j < cols; j += 2 * VW) {
+        vec s[ROWS][2] = {{{0.0}}};
+        for (ptrdiff_t k = 0; k < d; k++) {
+            vec za = load(zT + k * ld + j0 + j), zb = load(zT + k * ld + j0 + j + VW);
+            for (int r = 0; r < ROWS; r++) {
+                vec a = xr[r][k] - za, b = xr[r][k] - zb;
+                if (w) { a *= w[k]; b *= w[k]; }
+                s[r][0] += a * a; s[r][1] += b * b;
+            }
+        }
+        for (int r = 0; r < ROWS; r++) {
+            store(&e[r][j], c * s[r][0]);
+            store(&e[r][j + VW], c * s[r][1]);
+        }
+    }
+}
+
+/* e = exp(e) in place for the strip's ROWS rows, the rows' exps side by side: each exp
+ * is a chain of dependent multiply-adds, and independent chains keep the units busy. */
+static inline void exp_rows(double e[ROWS][STRIP], int cols) {
+    #pragma omp simd
+    for (int j = 0; j < cols; j++) {
+        e[0][j] = dkern_exp_nonpositive(e[0][j]);
+        e[1][j] = dkern_exp_nonpositive(e[1][j]);
+        e[2][j] = dkern_exp_nonpositive(e[2][j]);
+        e[3][j] = dkern_exp_nonpositive(e[3][j]);
+    }
+}
+
+/* The rows i0 .. i0 + ROWS - 1 of x, the last repeated past n (their results unused). */
+static inline void row_pointers(const double *x, ptrdiff_t n, ptrdiff_t d, ptrdiff_t i0,
+                                const double *xr[ROWS]) {
+    for (int r = 0; r < ROWS; r++) xr[r] = x + (i0 + r < n ? i0 + r : n - 1) * d;
+}
+
+/* out (n x t, row-major) += K(x, z) v: x (n x d), zT (d x ld), vT (t x ld) with
+ * ld >= m rounded up to LANES (the padding read, never used), w (d) or NULL,
+ * c = -1/2 (times 1/l^2 for a scalar lengthscale, and the kernel's constant in scale). */
+void dkern_gaussian_matvec(const double *restrict x, const double *restrict zT,
+                           const double *restrict vT, const double *restrict w,
+                           ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
+                           double c, double scale, double *restrict out) {
+    double e[ROWS][STRIP];
+    const double *xr[ROWS];
+    for (ptrdiff_t p0 = 0; p0 < m; p0 += PANEL) {
+        ptrdiff_t p1 = p0 + PANEL < m ? p0 + PANEL : m;
+        for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
+            row_pointers(x, n, d, i0, xr);
+            int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+            for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
+                int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
+                if (w) strip_logs(xr, zT, ld, d, w, c, j0, cols, e);
+                else strip_logs(xr, zT, ld, d, NULL, c, j0, cols, e);
+                exp_rows(e, cols);
+                for (int r = 0; r < rows; r++) {
+                    for (ptrdiff_t q = 0; q < t; q++) {
+                        const double *vq = vT + q * ld + j0;
+                        double acc = 0.0;
+                        #pragma omp simd reduction(+:acc)
+                        for (int j = 0; j < cols; j++) acc += e[r][j] * vq[j];
+                        out[(i0 + r) * t + q] += scale * acc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Rescale row r's running sums (out[0] = max log weight, out[1..]) to the strip's larger
+ * maximum, then add the strip's weights e^(L - max) times [vT rows]. */
+static inline void merge_strip(double *e, int cols, const double *vT, ptrdiff_t ld,
+                               ptrdiff_t j0, ptrdiff_t t, double *out) {
+    double top = -INFINITY;
+    #pragma omp simd reduction(max:top)
+    for (int j = 0; j < cols; j++) top = e[j] > top ? e[j] : top;
+    if (top > out[0]) {  /* exp(-inf) = 0: the empty start rescales to nothing */
+        double rescale = exp(out[0] - top);
+        for (ptrdiff_t q = 0; q < t; q++) out[1 + q] *= rescale;
+        out[0] = top;
+    }
+    double shift = out[0];
+    #pragma omp simd
+    for (int j = 0; j < cols; j++) e[j] = dkern_exp_nonpositive(e[j] - shift);
+    for (ptrdiff_t q = 0; q < t; q++) {
+        const double *vq = vT + q * ld + j0;
+        double acc = 0.0;
+        #pragma omp simd reduction(+:acc)
+        for (int j = 0; j < cols; j++) acc += e[j] * vq[j];
+        out[1 + q] += acc;
+    }
+}
+
+/* out (n x (1 + t)) = [max_j L_ij, sum_j e^(L_ij - max) vT[:, j]] per row, L = c * s:
+ * the log-scaled weighted sums of kernel smoothing (an online log-sum-exp over strips);
+ * out's rows start as [-inf, 0 ...] (the empty sum) or a previous call's result. */
+void dkern_gaussian_log_sums(const double *restrict x, const double *restrict zT,
+                             const double *restrict vT, const double *restrict w,
+                             ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
+                             double c, double *restrict out) {
+    double e[ROWS][STRIP];
+    const double *xr[ROWS];
+    for (ptrdiff_t p0 = 0; p0 < m; p0 += PANEL) {
+        ptrdiff_t p1 = p0 + PANEL < m ? p0 + PANEL : m;
+        for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
+            row_pointers(x, n, d, i0, xr);
+            int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+            for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
+                int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
+                if (w) strip_logs(xr, zT, ld, d, w, c, j0, cols, e);
+                else strip_logs(xr, zT, ld, d, NULL, c, j0, cols, e);
+                for (int r = 0; r < rows; r++)
+                    merge_strip(e[r], cols, vT, ld, j0, t, out + (i0 + r) * (1 + t));
+            }
+        }
+    }
+}
