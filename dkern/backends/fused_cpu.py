@@ -40,8 +40,8 @@ MAX_FEATURES = 64
 LIBRARY = _native.Native("fused_gaussian", _native.HERE / "fused_gaussian.c",
                          "DKERN_FUSED_CPU", "BLAS tiles",
                          headers=(_native.HERE / "dkern_exp.h",))
-#: zᵀ's rows are padded to a multiple of this many columns: the C loop reads whole vectors
-#: of 2 × 8 doubles (AVX-512's width; AVX2 and NEON read fewer), past the last column.
+#: z is packed in blocks of this many rows (``PACK`` in fused_gaussian.c): the C loop reads
+#: whole vectors of 2 × 8 doubles (AVX-512's width; AVX2 and NEON read fewer).
 PAD = 16
 #: A fresh build must match the dense numpy products this closely (relative to Σ|k v|).
 CHECK_RTOL = 1e-13
@@ -108,11 +108,11 @@ def log_sums_block_fused(x: np.ndarray, z: np.ndarray, t: np.ndarray | None, *,
 def _matvec(run: _Functions, c: float, ell: Any, x: np.ndarray, z: np.ndarray,
             v: np.ndarray) -> np.ndarray:
     """``c · Gaussian(ell)(x, z) @ v`` by ``run``; shape (n, t), float64."""
-    x64, zT, vT, w, factor = _operands(x, z, v, ell)
+    x64, zP, vT, w, factor = _operands(x, z, v, ell)
     out = np.zeros((len(x), v.shape[1]))
     if out.size and len(z):
-        run.matvec(x64.ctypes.data, zT.ctypes.data, vT.ctypes.data,
-                   None if w is None else w.ctypes.data, len(x), len(z), zT.shape[1],
+        run.matvec(x64.ctypes.data, zP.ctypes.data, vT.ctypes.data,
+                   None if w is None else w.ctypes.data, len(x), len(z), vT.shape[1],
                    x.shape[1], v.shape[1], -0.5 * factor, c, out.ctypes.data)
     return out
 
@@ -121,32 +121,34 @@ def _log_sums(run: _Functions, ell: np.ndarray, x: np.ndarray, z: np.ndarray,
               values: np.ndarray) -> np.ndarray:
     """``[m, Σ e^{L − m} values]`` per row, ``L = log Gaussian(ell)(x, z)``; shape
     (n, 1 + T), float64."""
-    x64, zT, vT, w, factor = _operands(x, z, values, ell)
+    x64, zP, vT, w, factor = _operands(x, z, values, ell)
     out = np.zeros((len(x), 1 + values.shape[1]))
     out[:, 0] = -np.inf  # the empty sum, which the fused loop then grows
     if len(x) and len(z):
-        run.log_sums(x64.ctypes.data, zT.ctypes.data, vT.ctypes.data,
-                     None if w is None else w.ctypes.data, len(x), len(z), zT.shape[1],
+        run.log_sums(x64.ctypes.data, zP.ctypes.data, vT.ctypes.data,
+                     None if w is None else w.ctypes.data, len(x), len(z), vT.shape[1],
                      x.shape[1], values.shape[1], -0.5 * factor, out.ctypes.data)
     return out
 
 
 def _operands(x: np.ndarray, z: np.ndarray, v: np.ndarray, ell: Any
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """x (n, d), zᵀ (d, ld) and vᵀ (t, ld) as C-contiguous float64, their rows padded with
-    zeros to ``ld`` columns, a multiple of :data:`PAD`; the per-feature weights
+    """x (n, d), z packed in blocks of :data:`PAD` rows (each block's (d, PAD) transpose
+    contiguous) and vᵀ (t, ld), C-contiguous float64, z and v padded with zeros to ``ld``
+    rows, a multiple of :data:`PAD`; the per-feature weights
     ``1/l`` (None for a scalar l) and the factor ``1/l²`` a scalar l folds into c."""
     x64 = np.ascontiguousarray(x, dtype=np.float64)
-    ld = -(-len(z) // PAD) * PAD
-    zT, vT = np.zeros((z.shape[1], ld)), np.zeros((v.shape[1], ld))
-    zT[:, :len(z)], vT[:, :len(z)] = z.T, v.T
+    (m, d), ld = z.shape, -(-len(z) // PAD) * PAD
+    zP, vT = np.zeros((ld, d)), np.zeros((v.shape[1], ld))
+    zP[:m], vT[:, :m] = z, v.T
+    zP = np.ascontiguousarray(zP.reshape(ld // PAD, PAD, d).transpose(0, 2, 1))
     ell = np.asarray(ell, dtype=np.float64)
     if ell.ndim == 0:
-        return x64, zT, vT, None, float(1.0 / ell**2)
+        return x64, zP, vT, None, float(1.0 / ell**2)
     if ell.shape != (x.shape[1],):
         raise ValueError(f"Gaussian: lengthscale has {ell.shape[0]} entries but the data has "
                          f"{x.shape[1]} features; give one per feature or a scalar.")
-    return x64, zT, vT, np.ascontiguousarray(1.0 / ell), 1.0
+    return x64, zP, vT, np.ascontiguousarray(1.0 / ell), 1.0
 
 
 def _check(run: _Functions) -> tuple[bool, str]:

@@ -5,11 +5,13 @@
  * as numpy's exact path, so a far row keeps the digits of a small difference. A scalar
  * lengthscale folds into c (w = NULL): one multiply per entry instead of one per feature.
  *
- * Layout: z is transposed (d x m) and v too (t x m), so a strip of STRIP columns is
- * contiguous in every feature; the loop over a strip's columns is the vectorised one
- * (#pragma omp simd, built with -fopenmp-simd), ROWS rows of x at a time so each z
- * value loaded serves ROWS rows and the ROWS exps are independent chains. A panel of
- * PANEL columns (d * PANEL doubles) stays in L2 while every row of x walks it.
+ * Layout: z is packed in blocks of PACK columns, each block's d x PACK values contiguous
+ * (zP[b][k][u] = z[b PACK + u][k], as a GEMM packs its operands: every load of the
+ * distance loop is sequential, however many features), and v is transposed (t x ld).
+ * The distances are vectorised over columns, ROWS rows of x at a time, so each z value
+ * loaded serves ROWS rows; the exps and sums are loops the compiler vectorises
+ * (#pragma omp simd, built with -fopenmp-simd), the ROWS rows side by side as
+ * independent chains. A panel of columns stays in L2 while every row of x walks it.
  * Everything lives on the stack or in the caller's arrays: the functions are reentrant
  * (ctypes releases the GIL; dask runs tasks side by side).
  */
@@ -18,7 +20,7 @@
 #include <string.h>
 #include "dkern_exp.h"
 
-enum { STRIP = 256, ROWS = 4, PANEL = 2048 };
+enum { STRIP = 256, ROWS = 4, PACK = 16, PANEL_BYTES = 256 * 1024 };
 
 /* One hardware vector of doubles, by GCC's and Clang's vector extension: written out
  * because the auto-vectoriser, given the loop over features inside the loop over
@@ -37,16 +39,17 @@ static inline vec load(const double *p) { vec v; memcpy(&v, p, sizeof v); return
 static inline void store(double *p, vec v) { memcpy(p, &v, sizeof v); }
 
 /* e[r][j] = c * s(x_r, z_{j0 + j}) for the ROWS rows of x at xr[r] (rows may repeat),
- * j < cols rounded up to LANES = 2 VW (zT's rows hold ld >= that many columns); s is the
- * squared distance, each difference times w[k] (unless w is NULL) before squaring.
+ * j < cols rounded up to 2 VW (zP holds whole blocks of PACK columns); s is the squared
+ * distance, each difference times w[k] (unless w is NULL) before squaring.
  * ROWS x 2 independent sums: enough to hide the multiply-add's latency. */
 static inline __attribute__((always_inline)) void strip_logs(
-        const double *const xr[ROWS], const double *zT, ptrdiff_t ld, ptrdiff_t d,
+        const double *const xr[ROWS], const double *zP, ptrdiff_t d,
         const double *w, double c, ptrdiff_t j0, int cols, double e[ROWS][STRIP]) {
     for (int j = 0; j < cols; j += 2 * VW) {
         vec s[ROWS][2] = {{{0.0}}};
+        const double *block = zP + (j0 + j) / PACK * d * PACK + (j0 + j) % PACK;
         for (ptrdiff_t k = 0; k < d; k++) {
-            vec za = load(zT + k * ld + j0 + j), zb = load(zT + k * ld + j0 + j + VW);
+            vec za = load(block + k * PACK), zb = load(block + k * PACK + VW);
             for (int r = 0; r < ROWS; r++) {
                 vec a = xr[r][k] - za, b = xr[r][k] - zb;
                 if (w) { a *= w[k]; b *= w[k]; }
@@ -72,40 +75,54 @@ static inline void exp_rows(double e[ROWS][STRIP], int cols) {
     }
 }
 
+/* out[r * stride] += scale * sum_j e[r][j] v[j] for r < rows: the ROWS sums side by side
+ * (one sum alone would wait on its own adds) and each v[j] loaded once for all rows. */
+static inline void accumulate(double e[ROWS][STRIP], int cols, const double *v, double scale,
+                              double *out, ptrdiff_t stride, int rows) {
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    #pragma omp simd reduction(+:a0, a1, a2, a3)
+    for (int j = 0; j < cols; j++) {
+        a0 += e[0][j] * v[j]; a1 += e[1][j] * v[j]; a2 += e[2][j] * v[j]; a3 += e[3][j] * v[j];
+    }
+    double a[ROWS] = {a0, a1, a2, a3};
+    for (int r = 0; r < rows; r++) out[r * stride] += scale * a[r];
+}
+
+/* Columns of z per panel: as many strips as fit PANEL_BYTES (half an L2 cache), so the
+ * panel stays in L2 while every row of x walks it. */
+static inline ptrdiff_t panel_columns(ptrdiff_t d) {
+    ptrdiff_t strips = PANEL_BYTES / (8 * STRIP * (d > 0 ? d : 1));
+    return STRIP * (strips > 1 ? strips : 1);
+}
+
 /* The rows i0 .. i0 + ROWS - 1 of x, the last repeated past n (their results unused). */
 static inline void row_pointers(const double *x, ptrdiff_t n, ptrdiff_t d, ptrdiff_t i0,
                                 const double *xr[ROWS]) {
     for (int r = 0; r < ROWS; r++) xr[r] = x + (i0 + r < n ? i0 + r : n - 1) * d;
 }
 
-/* out (n x t, row-major) += K(x, z) v: x (n x d), zT (d x ld), vT (t x ld) with
- * ld >= m rounded up to LANES (the padding read, never used), w (d) or NULL,
+/* out (n x t, row-major) += K(x, z) v: x (n x d), z packed as zP (module comment), vT
+ * (t x ld) with ld >= m rounded up to PACK (the padding read, never used), w (d) or NULL,
  * c = -1/2 (times 1/l^2 for a scalar lengthscale, and the kernel's constant in scale). */
-void dkern_gaussian_matvec(const double *restrict x, const double *restrict zT,
+void dkern_gaussian_matvec(const double *restrict x, const double *restrict zP,
                            const double *restrict vT, const double *restrict w,
                            ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
                            double c, double scale, double *restrict out) {
     double e[ROWS][STRIP];
     const double *xr[ROWS];
-    for (ptrdiff_t p0 = 0; p0 < m; p0 += PANEL) {
-        ptrdiff_t p1 = p0 + PANEL < m ? p0 + PANEL : m;
+    ptrdiff_t panel = panel_columns(d);
+    for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
+        ptrdiff_t p1 = p0 + panel < m ? p0 + panel : m;
         for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
             row_pointers(x, n, d, i0, xr);
             int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
             for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
                 int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
-                if (w) strip_logs(xr, zT, ld, d, w, c, j0, cols, e);
-                else strip_logs(xr, zT, ld, d, NULL, c, j0, cols, e);
+                if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
+                else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
                 exp_rows(e, cols);
-                for (int r = 0; r < rows; r++) {
-                    for (ptrdiff_t q = 0; q < t; q++) {
-                        const double *vq = vT + q * ld + j0;
-                        double acc = 0.0;
-                        #pragma omp simd reduction(+:acc)
-                        for (int j = 0; j < cols; j++) acc += e[r][j] * vq[j];
-                        out[(i0 + r) * t + q] += scale * acc;
-                    }
-                }
+                for (ptrdiff_t q = 0; q < t; q++)
+                    accumulate(e, cols, vT + q * ld + j0, scale, out + i0 * t + q, t, rows);
             }
         }
     }
@@ -138,21 +155,22 @@ static inline void merge_strip(double *e, int cols, const double *vT, ptrdiff_t 
 /* out (n x (1 + t)) = [max_j L_ij, sum_j e^(L_ij - max) vT[:, j]] per row, L = c * s:
  * the log-scaled weighted sums of kernel smoothing (an online log-sum-exp over strips);
  * out's rows start as [-inf, 0 ...] (the empty sum) or a previous call's result. */
-void dkern_gaussian_log_sums(const double *restrict x, const double *restrict zT,
+void dkern_gaussian_log_sums(const double *restrict x, const double *restrict zP,
                              const double *restrict vT, const double *restrict w,
                              ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
                              double c, double *restrict out) {
     double e[ROWS][STRIP];
     const double *xr[ROWS];
-    for (ptrdiff_t p0 = 0; p0 < m; p0 += PANEL) {
-        ptrdiff_t p1 = p0 + PANEL < m ? p0 + PANEL : m;
+    ptrdiff_t panel = panel_columns(d);
+    for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
+        ptrdiff_t p1 = p0 + panel < m ? p0 + panel : m;
         for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
             row_pointers(x, n, d, i0, xr);
             int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
             for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
                 int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
-                if (w) strip_logs(xr, zT, ld, d, w, c, j0, cols, e);
-                else strip_logs(xr, zT, ld, d, NULL, c, j0, cols, e);
+                if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
+                else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
                 for (int r = 0; r < rows; r++)
                     merge_strip(e[r], cols, vT, ld, j0, t, out + (i0 + r) * (1 + t));
             }
