@@ -188,3 +188,15 @@ def test_the_gram_operator_runs_the_fused_loop(compiled, monkeypatch):
     assert len(calls) >= 1 and sum(n * m for n, m in calls) == 300 * 300
     assert NumpyBlocks().kernel_matvec(x[:7], x, v, kernel=Gaussian(1.4)).shape == (7, 1)
     assert len(calls) >= 2
+
+
+def test_two_threads_at_once_get_their_own_results(compiled):
+    """ctypes releases the GIL and dask runs tasks side by side: the C loop is reentrant."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs = [(RNG.normal(size=(60, 4)), RNG.normal(size=(900, 4)), RNG.normal(size=(900, 2)))
+             for _ in range(4)]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda p: fused_cpu.matvec_block_fused(Gaussian(0.8), *p), pairs))
+    for (x, z, v), out in zip(pairs, got, strict=True):
+        assert_close(out, dense(0.8, x, z), v)
