@@ -63,15 +63,17 @@ static inline __attribute__((always_inline)) void strip_logs(
     }
 }
 
-/* e = exp(e) in place for the strip's ROWS rows, the rows' exps side by side: each exp
- * is a chain of dependent multiply-adds, and independent chains keep the units busy. */
-static inline void exp_rows(double e[ROWS][STRIP], int cols) {
+/* e[r] = exp(e[r] - shift[r]) in place for the strip's ROWS rows, the rows' exps side by
+ * side: each exp is a chain of dependent multiply-adds, and independent chains keep the
+ * units busy. */
+static inline void exp_rows(double e[ROWS][STRIP], int cols, const double shift[ROWS]) {
+    const double s0 = shift[0], s1 = shift[1], s2 = shift[2], s3 = shift[3];
     #pragma omp simd
     for (int j = 0; j < cols; j++) {
-        e[0][j] = dkern_exp_nonpositive(e[0][j]);
-        e[1][j] = dkern_exp_nonpositive(e[1][j]);
-        e[2][j] = dkern_exp_nonpositive(e[2][j]);
-        e[3][j] = dkern_exp_nonpositive(e[3][j]);
+        e[0][j] = dkern_exp_nonpositive(e[0][j] - s0);
+        e[1][j] = dkern_exp_nonpositive(e[1][j] - s1);
+        e[2][j] = dkern_exp_nonpositive(e[2][j] - s2);
+        e[3][j] = dkern_exp_nonpositive(e[3][j] - s3);
     }
 }
 
@@ -109,7 +111,7 @@ void dkern_gaussian_matvec(const double *restrict x, const double *restrict zP,
                            ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
                            double c, double scale, double *restrict out) {
     double e[ROWS][STRIP];
-    const double *xr[ROWS];
+    const double *xr[ROWS], no_shift[ROWS] = {0.0};
     ptrdiff_t panel = panel_columns(d);
     for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
         ptrdiff_t p1 = p0 + panel < m ? p0 + panel : m;
@@ -120,7 +122,7 @@ void dkern_gaussian_matvec(const double *restrict x, const double *restrict zP,
                 int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
                 if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
                 else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
-                exp_rows(e, cols);
+                exp_rows(e, cols, no_shift);
                 for (ptrdiff_t q = 0; q < t; q++)
                     accumulate(e, cols, vT + q * ld + j0, scale, out + i0 * t + q, t, rows);
             }
@@ -128,27 +130,26 @@ void dkern_gaussian_matvec(const double *restrict x, const double *restrict zP,
     }
 }
 
-/* Rescale row r's running sums (out[0] = max log weight, out[1..]) to the strip's larger
- * maximum, then add the strip's weights e^(L - max) times [vT rows]. */
-static inline void merge_strip(double *e, int cols, const double *vT, ptrdiff_t ld,
-                               ptrdiff_t j0, ptrdiff_t t, double *out) {
-    double top = -INFINITY;
-    #pragma omp simd reduction(max:top)
-    for (int j = 0; j < cols; j++) top = e[j] > top ? e[j] : top;
-    if (top > out[0]) {  /* exp(-inf) = 0: the empty start rescales to nothing */
-        double rescale = exp(out[0] - top);
-        for (ptrdiff_t q = 0; q < t; q++) out[1 + q] *= rescale;
-        out[0] = top;
+/* Raise each row's running maximum (out row r: [max log weight, sums...], stride apart)
+ * to the strip's where that is larger, rescaling the row's sums (an online log-sum-exp);
+ * shift[r] = the row's maximum after, by which the strip's weights are then scaled. */
+static inline void raise_maxima(double e[ROWS][STRIP], int cols, double *out,
+                                ptrdiff_t stride, ptrdiff_t t, int rows, double shift[ROWS]) {
+    double t0 = -INFINITY, t1 = -INFINITY, t2 = -INFINITY, t3 = -INFINITY;
+    #pragma omp simd reduction(max:t0, t1, t2, t3)
+    for (int j = 0; j < cols; j++) {
+        t0 = e[0][j] > t0 ? e[0][j] : t0; t1 = e[1][j] > t1 ? e[1][j] : t1;
+        t2 = e[2][j] > t2 ? e[2][j] : t2; t3 = e[3][j] > t3 ? e[3][j] : t3;
     }
-    double shift = out[0];
-    #pragma omp simd
-    for (int j = 0; j < cols; j++) e[j] = dkern_exp_nonpositive(e[j] - shift);
-    for (ptrdiff_t q = 0; q < t; q++) {
-        const double *vq = vT + q * ld + j0;
-        double acc = 0.0;
-        #pragma omp simd reduction(+:acc)
-        for (int j = 0; j < cols; j++) acc += e[j] * vq[j];
-        out[1 + q] += acc;
+    const double top[ROWS] = {t0, t1, t2, t3};
+    for (int r = 0; r < ROWS; r++) {
+        double *row = out + (r < rows ? r : 0) * stride;
+        if (r < rows && top[r] > row[0]) {  /* exp(-inf) = 0: the empty start rescales to 0 */
+            double rescale = exp(row[0] - top[r]);
+            for (ptrdiff_t q = 0; q < t; q++) row[1 + q] *= rescale;
+            row[0] = top[r];
+        }
+        shift[r] = r < rows ? row[0] : top[r];  /* a repeated row's weights stay <= 1 */
     }
 }
 
@@ -159,7 +160,7 @@ void dkern_gaussian_log_sums(const double *restrict x, const double *restrict zP
                              const double *restrict vT, const double *restrict w,
                              ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
                              double c, double *restrict out) {
-    double e[ROWS][STRIP];
+    double e[ROWS][STRIP], shift[ROWS];
     const double *xr[ROWS];
     ptrdiff_t panel = panel_columns(d);
     for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
@@ -171,8 +172,11 @@ void dkern_gaussian_log_sums(const double *restrict x, const double *restrict zP
                 int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
                 if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
                 else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
-                for (int r = 0; r < rows; r++)
-                    merge_strip(e[r], cols, vT, ld, j0, t, out + (i0 + r) * (1 + t));
+                double *rows_out = out + i0 * (1 + t);
+                raise_maxima(e, cols, rows_out, 1 + t, t, rows, shift);
+                exp_rows(e, cols, shift);
+                for (ptrdiff_t q = 0; q < t; q++)
+                    accumulate(e, cols, vT + q * ld + j0, 1.0, rows_out + 1 + q, 1 + t, rows);
             }
         }
     }
