@@ -1,5 +1,6 @@
-/* Fused Gaussian kernel products on the CPU: distance, kernel value and accumulation
- * without storing a tile of kernel values (dkern/backends/fused_cpu.py calls these).
+/* Fused Gaussian kernel products and smoothing sums on the CPU: distance, kernel value
+ * and accumulation, a strip of kernel values at a time in L1, never a tile in memory
+ * (dkern/backends/fused_cpu.py calls these).
  *
  * k(x, z) = exp(c * sum_k (w_k (x_k - z_k))^2): differences first, then the lengthscale,
  * as numpy's exact path, so a far row keeps the digits of a small difference. A scalar
@@ -65,7 +66,8 @@ static inline __attribute__((always_inline)) void strip_logs(
 
 /* e[r] = exp(e[r] - shift[r]) in place for the strip's ROWS rows, the rows' exps side by
  * side: each exp is a chain of dependent multiply-adds, and independent chains keep the
- * units busy. */
+ * units busy. A pass of its own over the strip (in L1): the exp inside the distance loop,
+ * beside its ROWS x 2 sums, ran out of registers and was slower (~20%, AVX2). */
 static inline void exp_rows(double e[ROWS][STRIP], int cols, const double shift[ROWS]) {
     const double s0 = shift[0], s1 = shift[1], s2 = shift[2], s3 = shift[3];
     #pragma omp simd
