@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import platform
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 NAIVE_BLOCK_ROWS = 1000
@@ -54,6 +57,75 @@ def naive_numpy(X: np.ndarray, Z: np.ndarray, v: np.ndarray, ell: float) -> np.n
         D = (Xb * Xb).sum(1)[:, None] + zz[None, :] - 2 * Xb @ Z.T
         out[i:i + NAIVE_BLOCK_ROWS] = np.exp(-D / (2 * ell**2)) @ v
     return out
+
+
+def naive_numpy_threaded(X: np.ndarray, Z: np.ndarray, v: np.ndarray, ell: float,
+                         threads: int | None = None) -> np.ndarray:
+    """:func:`naive_numpy` on ``threads`` row blocks side by side (default: every core),
+    BLAS single-threaded in each: the naive loop at its best on this machine (numpy's
+    exp and matrix products release the GIL)."""
+    threads = threads or os.cpu_count() or 1
+    bounds = np.linspace(0, len(X), threads + 1).astype(int)
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+        parts = pool.map(lambda i: naive_numpy(X[bounds[i]:bounds[i + 1]], Z, v, ell),
+                         range(threads))
+        return np.concatenate(list(parts))
+
+
+#: Flops of one fused Gaussian entry beyond its 3 d of distance (a difference, a multiply
+#: and an add per feature; FMAs count 2): 34 in dkern_exp_nonpositive (kernels/dkern_exp.h:
+#: 4 to reduce, 28 for the polynomial, 2 to scale), 1 for the lengthscale and 2 to
+#: accumulate. The issue's count (16 + 15 + 2 = 33 at d = 8) assumes a 15-flop exp.
+FUSED_EXP_FLOPS = 37
+
+
+def peak_rates(seconds: float = 0.5) -> dict[str, float]:
+    """This host's peak rates, every core busy: ``fma_gflops`` (float64 multiply-adds at 2
+    flops, from benchmarks/_peak.c built by dkern's native machinery), ``exp_per_s``
+    (dkern's compiled float64 exp on an L2-sized array) and ``numpy_exp_per_s`` (numpy's,
+    one thread). Zero where the C build is not available."""
+    from dkern.kernels import fastexp, native
+
+    lib = native.Native("peak_fma", Path(__file__).with_name("_peak.c"), "DKERN_PEAK",
+                        "no peak measurement")
+    fma, _ = native.load(lib, lambda library: library.dkern_peak_fma,
+                         lambda function: (True, "a benchmark"))
+    cores = os.cpu_count() or 1
+    rates = {"fma_gflops": 0.0, "exp_per_s": 0.0, "numpy_exp_per_s": 0.0}
+    if fma is not None:
+        fma.argtypes, fma.restype = [ctypes.c_long, ctypes.c_void_p], ctypes.c_long
+        sink = np.zeros(cores)
+        rounds = int(2e8 * seconds)
+        lanes, wall = _side_by_side(lambda i: fma(rounds, sink[i:].ctypes.data), cores)
+        rates["fma_gflops"] = 2 * lanes / wall / 1e9
+    x = -np.linspace(0.0, 30.0, 16_384)  # 128 KiB: in L2, and a call's overhead is small
+    out = np.empty((cores, x.size))  # written in place: a fresh array each call page-faults
+    per_call = 100
+
+    def exps(i: int) -> int:
+        for _ in range(per_call):
+            fastexp.exp(x, out=out[i])
+        return per_call * x.size
+
+    values, wall = _side_by_side(exps, cores)
+    rates["exp_per_s"] = values / wall
+    seconds_numpy, _ = best_time(lambda: [np.exp(x, out=out[0]) for _ in range(per_call)], 3)
+    rates["numpy_exp_per_s"] = per_call * x.size / seconds_numpy
+    return rates
+
+
+def _side_by_side(work: Callable[[int], int], threads: int) -> tuple[int, float]:
+    """(the sum of ``work(i)`` over ``threads`` threads run at once, their wall time)."""
+    with ThreadPoolExecutor(threads) as pool:
+        start = time.perf_counter()
+        done = sum(pool.map(work, range(threads)))
+        return done, time.perf_counter() - start
+
+
+def fused_bound(rates: dict[str, float], d: int) -> float:
+    """Entries per second a fused Gaussian of d features could reach at the peak flop rate
+    (``3 d + FUSED_EXP_FLOPS`` flops an entry)."""
+    return rates["fma_gflops"] * 1e9 / (3 * d + FUSED_EXP_FLOPS)
 
 
 def peak_rss_gb() -> float:

@@ -14,20 +14,17 @@ from pathlib import Path
 import pytest
 
 from dkern import cli
-from dkern.kernels import fastexp
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILER = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc/gcc) on PATH")
 
-# Loads fastexp.py alone (it needs only numpy) in a fresh process: _load runs once per
-# process, and a library's constructor must not run in the test process. Prints the status.
+# Loads dkern's fastexp in a fresh process: _load runs once per process, and a library's
+# constructor must not run in the test process. Prints the status.
 _LOAD = """
-import importlib.util, logging, sys
+import logging
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-spec = importlib.util.spec_from_file_location("fastexp", sys.argv[1])
-fastexp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fastexp)
+from dkern.kernels import fastexp
 print(fastexp.status())
 """
 
@@ -48,9 +45,10 @@ void dkern_exp(const double *x, double *y, ptrdiff_t n) {
 
 def load_in_child(cache: Path) -> tuple[str, str]:
     """fastexp's status line and log in a fresh process with ``DKERN_CACHE_DIR=cache``."""
-    env = {**os.environ, "DKERN_CACHE_DIR": str(cache)}
+    env = {**os.environ, "DKERN_CACHE_DIR": str(cache),  # this checkout's dkern
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("DKERN_FASTEXP", None)
-    result = subprocess.run([sys.executable, "-c", _LOAD, fastexp.__file__], env=env,
+    result = subprocess.run([sys.executable, "-c", _LOAD], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip(), result.stderr

@@ -21,7 +21,8 @@ method                             computes (x: n_i × d, z: m_j × d)   shape
 ================================  ==================================  ================
 
 :class:`BlockBackend` is the Protocol every backend implements; :class:`NumpyBlocks`
-(cache-sized BLAS tiles), :class:`KeopsBlocks` (KeOps ``Sum``,
+(cache-sized BLAS tiles, and a fused C loop for a Gaussian's products and smoothing sums:
+:mod:`.fused_cpu`), :class:`KeopsBlocks` (KeOps ``Sum``,
 ``Max_SumShiftExpWeight`` and ``KMin_ArgKMin`` reductions) and :class:`TritonBlocks`
 (fused Triton products) do; the projection methods come
 from :mod:`.projections`' mixins. Data blocks are
@@ -152,7 +153,9 @@ class BlockBackend(Protocol):
 
 
 class NumpyBlocks(ProjectionBlocks):
-    """Cache-sized tiles of kernel values, each folded into the result by one BLAS call."""
+    """Cache-sized tiles of kernel values, each folded into the result by one BLAS call;
+    a ``c * Gaussian``'s products and a Gaussian's smoothing sums on few features by the
+    fused C loop instead, where it is built (:mod:`.fused_cpu`, ``dkern info``)."""
 
     name = "numpy"
 

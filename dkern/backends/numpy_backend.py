@@ -7,6 +7,9 @@ matrix product folds it into the output. Memory traffic, not arithmetic, is
 what a big block pays for; cache-sized tiles avoid it. BLAS runs single-threaded
 inside a task: parallelism comes from dask running tasks side by side, and a
 multithreaded BLAS on tiles this small is slower than one thread (benchmarks/RESULTS.md).
+
+A Gaussian (or ``c * Gaussian``) on few features skips the tiles: the fused C loop of
+:mod:`.fused_cpu` computes its products without storing kernel values, where it is built.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..kernels import Kernel
+from .fused_cpu import matvec_block_fused
 
 #: Default tile: 2048 columns and 4 MiB of kernel values (256 rows in float64,
 #: 512 in float32): a tile that stays in a 2 MiB L2 cache while BLAS fills it.
@@ -49,6 +53,8 @@ def matvec_block_numpy(kernel: Kernel, X: np.ndarray, Z: np.ndarray, V: np.ndarr
     ndarray of shape (n, t), float64
         Tiles are summed in float64 whatever the input precision.
     """
+    if (fused := matvec_block_fused(kernel, X, Z, V)) is not None:  # no tiles to size
+        return fused
     if tile_rows is None or tile_cols is None:
         tile_rows, tile_cols = default_tile(X.dtype)
     out = np.zeros((X.shape[0], V.shape[1]), dtype=np.float64)

@@ -13,7 +13,8 @@ partial results of several pairs (rescaling each to the common maximum), associa
 as :func:`dkern.operators.pairwise_reduce` needs. A query row with no training row in
 the kernel's reach (a box kernel, or weights underflowing for a non-Gaussian kernel)
 has ``m = -inf`` and ``s = 0``. The KeOps backend computes the same form for a Gaussian by
-one reduction (:func:`dkern.backends.keops_backend.log_sums_block_keops`).
+one reduction (:func:`dkern.backends.keops_backend.log_sums_block_keops`), and the fused C
+loop of :mod:`.fused_cpu` without tiles of log weights, where it is built.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from ..kernels import Gaussian, Kernel, fastexp
 from ..kernels.profiles import RadialProfile
 from ..kernels.stationary import Stationary
+from .fused_cpu import log_sums_block_fused
 from .numpy_backend import default_tile, single_threaded_blas
 
 __all__ = ["log_weights", "merge_log_sums", "weighted_log_sums_block"]
@@ -81,6 +83,9 @@ def weighted_log_sums_block(x: np.ndarray, z: np.ndarray, t: np.ndarray | None =
     -------
     ndarray of shape (n, 2 + T), float64
     """
+    if box_width is None and (fused := log_sums_block_fused(x, z, t, kernel=kernel,
+                                                            scale=scale)) is not None:
+        return fused
     x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
     if box_width is not None:  # the scale goes where no row is divided: x / h rounds a far
         box_width = box_width * scale  # row to its own magnitude, losing a small difference

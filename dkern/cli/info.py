@@ -1,5 +1,6 @@
 """``dkern info``: versions, the GPUs (name, memory, driver, CUDA), the backends (with a
-real KeOps compile check, and Triton's), and whether KeOps sees a GPU."""
+real KeOps compile check, and Triton's), whether KeOps sees a GPU, and which path the
+numpy backend's Gaussian products take (the fused C loop, or BLAS tiles and why)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import psutil
     import zarr
 
-    from ..backends import backend_statuses, gpu_visible
+    from ..backends import backend_statuses, fused_cpu, gpu_visible
     from ..runtime.gpus import gpu_facts
 
     return {
@@ -38,5 +39,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_visible": gpu_visible(),
         "backends": {s.name: {"available": s.available, "detail": s.detail}
                      for s in backend_statuses()},
+        "fused_cpu": fused_cpu.status(),
         "scheduler": os.environ.get("DKERN_SCHEDULER_ADDRESS") or "embedded LocalCluster",
     }

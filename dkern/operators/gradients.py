@@ -17,49 +17,19 @@ any other kernel or data goes through the backend's ``kernel_grad_matvec`` block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
 
-from ..kernels import Gaussian, Kernel, Scaled, Sum
+from ..kernels import Kernel
+from ..kernels.forms import GaussianForm, gaussian_form
 from .gram import GramOperator, gram
 
 #: Largest ``(|x_d| / ℓ_d)²`` of the centred data for which the expanded products are used:
 #: their rounding error is this times the float64 epsilon relative to ``|K V|`` (< 1e-12).
 EXPANSION_LIMIT = 1e4
-
-
-@dataclass(frozen=True)
-class GaussianForm:
-    """Where ``c · Gaussian(ℓ)``'s parameters sit in a kernel's ``theta``."""
-
-    constant: float
-    lengthscale: np.ndarray  # (d,)
-    constant_index: int | None  # None: c fixed (or absent)
-    lengthscale_index: list[int]  # [] fixed, [k] one shared ℓ, or one per feature
-
-
-def gaussian_form(kernel: Kernel, d: int, offset: int = 0) -> GaussianForm | None:
-    """``kernel``'s form as ``c · Gaussian(ℓ)`` plus White terms, or None if it has another."""
-    if type(kernel) is Gaussian:
-        free = len(kernel.hyperparameter_names)
-        return GaussianForm(1.0, np.broadcast_to(np.asarray(kernel.lengthscale, float), (d,)),
-                            None, list(range(offset, offset + free)))
-    if type(kernel) is Scaled and type(kernel.kernel) is Gaussian:
-        own = int("constant" in kernel.hyperparameter_names)
-        inner = gaussian_form(kernel.kernel, d, offset + own)
-        assert inner is not None
-        return GaussianForm(float(kernel.constant), inner.lengthscale,
-                            offset if own else None, inner.lengthscale_index)
-    if type(kernel) is Sum:
-        for first, second in ((kernel.k1, kernel.k2), (kernel.k2, kernel.k1)):
-            if second.has_white and second.without_white() is None:  # White noise only
-                start = offset if first is kernel.k1 else offset + kernel.k1.n_dims
-                return gaussian_form(first, d, start)
-    return None
 
 
 def gram_gradient_products(kernel: Kernel, X: Any, V: da.Array, *, backend: str,
