@@ -129,11 +129,13 @@ def test_in_process_only_for_in_memory_inputs_under_a_remote_scheduler(cluster_c
         assert not local and dask.config.get("scheduler") == "synchronous"
 
 
-@pytest.mark.parametrize("tile", [(64, 128), (8192, 1024)])
-def test_nearest_block_over_many_tiles_equals_the_exact_order(tile, monkeypatch):
-    """Several query and training tiles, a partial last tile, rows on a grid (ties), and
-    rows far from the rest: the k nearest by (distance, index) and their exact distances."""
+@pytest.mark.parametrize("tile, product_rows", [((64, 128), 16), ((8192, 1024), 1024)])
+def test_nearest_block_over_many_tiles_equals_the_exact_order(tile, product_rows, monkeypatch):
+    """Several query and training tiles, products of a few rows, a partial last tile, rows
+    on a grid (ties), and rows far from the rest: the k nearest by (distance, index) and
+    their exact distances."""
     monkeypatch.setattr(neighbors, "TILE", tile)
+    monkeypatch.setattr(neighbors, "PRODUCT_ROWS", product_rows)
     rng = np.random.default_rng(3)
     Z = rng.integers(-4, 5, size=(1500, 4)).astype(np.float64)
     Z[::97] *= 1e3

@@ -43,6 +43,10 @@ PAD_INDEX = np.iinfo(np.int64).max
 #: small enough to be skipped whole; the rows of a query tile that are not skipped (~10%
 #: in 8 dimensions) leave products of about an L2 cache (1 MiB of float32).
 TILE = (8192, 1024)
+#: Query rows of one product with a training tile, at most (4 MiB of float32).
+PRODUCT_ROWS = 1024
+#: Bytes of the lower bounds from a tile of query rows to every training tile, at most.
+REACH_BYTES = 32 * 2**20
 #: Columns per run in :func:`_true_entries` (a divisor of the tile's column count).
 RUN = 64
 #: Squared norms up to this select candidates in float32 (its range ends at 3.4e38).
@@ -101,6 +105,8 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
     train = _Tiles(z, np.ascontiguousarray(za.T), index, *tile_boxes(z, tile_cols), rel)
     cap = 4.0 * (hx + za[:, -2].max(initial=0.0))  # exceeds every distance (see _candidates)
     start = np.where(np.isfinite(limit[:, 0]), np.minimum(limit[:, 0], cap), np.inf)
+    # the rows searched together hold their bounds to every training tile: keep that small
+    tile_rows = min(tile_rows, max(PRODUCT_ROWS, REACH_BYTES // (8 * len(train.low))))
     with single_threaded_blas():
         for i0 in range(0, len(x), tile_rows):
             part = slice(i0, i0 + tile_rows)
@@ -135,8 +141,8 @@ def _nearest_rows(x: np.ndarray, xa: np.ndarray, hx: np.ndarray, start: np.ndarr
     for t in range(reach.shape[1]):
         bound = np.minimum(best[0][:, k - 1], start)
         rows = np.flatnonzero((reach[:, t] <= bound) & (seed != t))
-        if len(rows):
-            _search_tile(t, rows, bound, x, xa, hx, train, best, k)
+        for r0 in range(0, len(rows), PRODUCT_ROWS):  # all of them where nothing is skipped
+            _search_tile(t, rows[r0:r0 + PRODUCT_ROWS], bound, x, xa, hx, train, best, k)
     return best
 
 
