@@ -146,6 +146,12 @@ def test_nearest_block_over_many_tiles_equals_the_exact_order(tile, product_rows
     ref_dist, ref_ind = _exact_order(Z, X, 5)
     np.testing.assert_array_equal(ind, ref_ind + 10)
     np.testing.assert_array_equal(np.sqrt(sq), ref_dist)
+    # a tighter limit than any row's k-th: the slots past it stay (inf, PAD_INDEX)
+    sq, ind = neighbors.nearest_block(X, Z, np.full((len(X), 1), 2.5), index, k=5)
+    within = ref_dist <= np.sqrt(2.5)
+    assert 0 < within.mean() < 1
+    np.testing.assert_array_equal(ind, np.where(within, ref_ind + 10, neighbors.PAD_INDEX))
+    np.testing.assert_array_equal(np.sqrt(sq), np.where(within, ref_dist, np.inf))
 
 
 def test_sample_bound_bounds_the_exact_kth_distance():

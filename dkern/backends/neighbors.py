@@ -143,6 +143,8 @@ def _nearest_rows(x: np.ndarray, xa: np.ndarray, hx: np.ndarray, start: np.ndarr
         rows = np.flatnonzero((reach[:, t] <= bound) & (seed != t))
         for r0 in range(0, len(rows), PRODUCT_ROWS):  # all of them where nothing is skipped
             _search_tile(t, rows[r0:r0 + PRODUCT_ROWS], bound, x, xa, hx, train, best, k)
+    beyond = best[0] > start[:, None]  # found by the nearest tile's search, past the limit
+    best[0][beyond], best[1][beyond] = np.inf, PAD_INDEX
     return best
 
 
