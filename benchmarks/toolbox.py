@@ -10,7 +10,8 @@ dkern reads the training rows from a float64 Zarr store on an embedded LocalClus
 does (numpy in, numpy out: small passes then run in the calling process,
 :mod:`dkern.operators.in_process`). The references, in memory: ``KernelDensity`` (tree,
 exact: atol = rtol = 0) and a blocked numpy KDE (the log-sum-exp of the dense block,
-1,000 query rows at a time, threaded over the cores, BLAS on one thread each); the same
+1,000 query rows at a time (fewer past 16,777 training rows: 128 MiB a block), threaded
+over the cores, BLAS on one thread each); the same
 numpy loop for Nadaraya–Watson; ``KNeighborsRegressor`` brute force (``n_jobs`` = the
 cores) and its default (``algorithm="auto"``: a k-d tree here). Where the tree KDE would
 take too long at full size, both run at ``--sk-n`` training rows as well, so every ratio
@@ -47,7 +48,7 @@ def timed(fn, *args):
     return time.perf_counter() - start, out
 
 
-def _threaded_blocks(block, Q, block_rows=1_000):
+def _threaded_blocks(block, Q, block_rows):
     """``block(Q[i:i + block_rows])`` for every block of query rows, concatenated: the
     blocks on a pool of one thread per core, BLAS on one thread in each."""
     def run(i):
@@ -63,8 +64,13 @@ def _log_weights(X, xx, q, h):
     return -0.5 * (np.einsum("ij,ij->i", q, q)[:, None] + xx[None] - 2 * q @ X.T) / h**2
 
 
-def numpy_nadaraya_watson(X, t, Q, h, block=1_000):
-    """The formula in float64, log-domain weights, ``block`` query rows at a time."""
+def _block_rows(n):
+    """Query rows per block: 1,000, or fewer so a block's (rows, n) weights take 128 MiB."""
+    return max(1, min(1_000, 2**24 // n))
+
+
+def numpy_nadaraya_watson(X, t, Q, h):
+    """The formula in float64, log-domain weights, :func:`_block_rows` query rows at a time."""
     xx = np.einsum("ij,ij->i", X, X)
 
     def one(q):
@@ -72,15 +78,16 @@ def numpy_nadaraya_watson(X, t, Q, h, block=1_000):
         W = np.exp(L - L.max(axis=1, keepdims=True))
         return W @ t / W.sum(axis=1)
 
-    return _threaded_blocks(one, Q, block)
+    return _threaded_blocks(one, Q, _block_rows(len(X)))
 
 
-def numpy_kde(X, Q, h, block=1_000):
-    """The Gaussian log-density by the dense log-sum-exp, ``block`` query rows at a time."""
+def numpy_kde(X, Q, h):
+    """The Gaussian log-density by the dense log-sum-exp, :func:`_block_rows` query rows at
+    a time."""
     xx = np.einsum("ij,ij->i", X, X)
     offset = -np.log(len(X)) - 0.5 * X.shape[1] * np.log(2 * np.pi * h * h)
     return _threaded_blocks(lambda q: logsumexp(_log_weights(X, xx, q, h), axis=1) + offset,
-                            Q, block)
+                            Q, _block_rows(len(X)))
 
 
 def dkern_kde(rows, Q):
