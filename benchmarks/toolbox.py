@@ -3,25 +3,35 @@
     python benchmarks/toolbox.py                       # n = 1,000,000 from Zarr, d = 8
     python benchmarks/toolbox.py --queries 2000 --only knn    # issue 12's kNN target
     python benchmarks/toolbox.py --n 100000 --queries 1000    # a quick try
+    python benchmarks/toolbox.py --source memory --queries 2000   # issue 28: small batches
 
 dkern reads the training rows from a float64 Zarr store on an embedded LocalCluster
-(``dkern.connect()``); scikit-learn gets the same rows in memory: ``KernelDensity``
-(tree, exact: atol = rtol = 0), a blocked numpy Nadaraya–Watson (the formula in the log
-domain, 1,000 query rows at a time), ``KNeighborsRegressor(algorithm="brute")``. Where
-scikit-learn would take too long at full size (KDE), both run at ``--sk-n`` training rows
-as well, so every ratio compares the two at the same size in the same run. Prints a table
-and rewrites its section of benchmarks/RESULTS.md.
+(``dkern.connect()``), or with ``--source memory`` gets them in memory as scikit-learn
+does (numpy in, numpy out: small passes then run in the calling process,
+:mod:`dkern.operators.in_process`). The references, in memory: ``KernelDensity`` (tree,
+exact: atol = rtol = 0) and a blocked numpy KDE (the log-sum-exp of the dense block,
+1,000 query rows at a time (fewer past 16,777 training rows: 128 MiB a block), threaded
+over the cores, BLAS on one thread each); the same
+numpy loop for Nadaraya–Watson; ``KNeighborsRegressor`` brute force (``n_jobs`` = the
+cores) and its default (``algorithm="auto"``: a k-d tree here). Where the tree KDE would
+take too long at full size, both run at ``--sk-n`` training rows as well, so every ratio
+compares the two at the same size in the same run. Prints a table and rewrites its
+section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from scipy.special import logsumexp
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import machine, markdown_table, update_section  # noqa: E402
@@ -38,20 +48,50 @@ def timed(fn, *args):
     return time.perf_counter() - start, out
 
 
-def numpy_nadaraya_watson(X, t, Q, h, block=1_000):
-    """The formula in float64, log-domain weights, ``block`` query rows at a time."""
-    out = np.empty(len(Q))
-    for i in range(0, len(Q), block):
-        q = Q[i:i + block]
-        L = -0.5 * (np.einsum("ij,ij->i", q, q)[:, None] + np.einsum("ij,ij->i", X, X)[None]
-                    - 2 * q @ X.T) / h**2
+def _threaded_blocks(block, Q, block_rows):
+    """``block(Q[i:i + block_rows])`` for every block of query rows, concatenated: the
+    blocks on a pool of one thread per core, BLAS on one thread in each."""
+    def run(i):
+        with threadpool_limits(1, user_api="blas"):
+            return block(Q[i:i + block_rows])
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        return np.concatenate(list(pool.map(run, range(0, len(Q), block_rows))))
+
+
+def _log_weights(X, xx, q, h):
+    """The Gaussian log weights ``-‖q − x‖² / 2h²`` of a block of query rows."""
+    return -0.5 * (np.einsum("ij,ij->i", q, q)[:, None] + xx[None] - 2 * q @ X.T) / h**2
+
+
+def _block_rows(n):
+    """Query rows per block: 1,000, or fewer so a block's (rows, n) weights take 128 MiB."""
+    return max(1, min(1_000, 2**24 // n))
+
+
+def numpy_nadaraya_watson(X, t, Q, h):
+    """The formula in float64, log-domain weights, :func:`_block_rows` query rows at a time."""
+    xx = np.einsum("ij,ij->i", X, X)
+
+    def one(q):
+        L = _log_weights(X, xx, q, h)
         W = np.exp(L - L.max(axis=1, keepdims=True))
-        out[i:i + block] = W @ t / W.sum(axis=1)
-    return out
+        return W @ t / W.sum(axis=1)
+
+    return _threaded_blocks(one, Q, _block_rows(len(X)))
 
 
-def dkern_kde(url, n, Q):
-    return dkern.KernelDensity(bandwidth=BANDWIDTH).fit((url, f"X{n}")).score_samples(Q)
+def numpy_kde(X, Q, h):
+    """The Gaussian log-density by the dense log-sum-exp, :func:`_block_rows` query rows at
+    a time."""
+    xx = np.einsum("ij,ij->i", X, X)
+    offset = -np.log(len(X)) - 0.5 * X.shape[1] * np.log(2 * np.pi * h * h)
+    return _threaded_blocks(lambda q: logsumexp(_log_weights(X, xx, q, h), axis=1) + offset,
+                            Q, _block_rows(len(X)))
+
+
+def dkern_kde(rows, Q):
+    return dkern.KernelDensity(bandwidth=BANDWIDTH).fit(rows).score_samples(Q)
 
 
 def sklearn_kde(X, Q):
@@ -60,39 +100,47 @@ def sklearn_kde(X, Q):
     return KernelDensity(bandwidth=BANDWIDTH).fit(X).score_samples(Q)
 
 
-def dkern_nw(url, n, t, Q):
-    return dkern.NadarayaWatson(bandwidth=BANDWIDTH).fit((url, f"X{n}"), t).predict(Q)
+def dkern_nw(rows, t, Q):
+    return dkern.NadarayaWatson(bandwidth=BANDWIDTH).fit(rows, t).predict(Q)
 
 
-def compare(name, ours, reference, sizes, n_ref):
-    """Rows of the table: ``ours(n)`` at every size, ``reference(n)`` up to ``n_ref``."""
+def compare(name, ours, references, sizes, n_ref):
+    """Rows of the table: ``ours(n)`` at every size; each ``(label, reference(n))`` up to
+    ``n_ref`` (None: at every size)."""
     rows = []
     for n in sizes:
         t_ours, got = timed(ours, n)
-        t_ref, ref = timed(reference, n) if n <= n_ref else (None, None)
-        err = None if ref is None else float(np.abs(got - ref).max())
-        rows.append((name, n, t_ours, t_ref, err))
+        for label, reference, limit in references:
+            if n > (limit or n):
+                rows.append((f"{name} ({label})", n, t_ours, None, None))
+                continue
+            t_ref, ref = timed(reference, n)
+            rows.append((f"{name} ({label})", n, t_ours, t_ref, float(np.abs(got - ref).max())))
     return rows
 
 
-def knn(url, X, t, Q, n_check=2_000):
-    """dkern's exact kNN regression from Zarr against scikit-learn's brute force in memory.
-
-    Both time ``predict`` (the neighbour search and the mean of k targets); the indices
-    are compared on the first ``n_check`` queries (``kneighbors``, untimed).
-    """
+def knn(rows, X, t, Q, n_check=2_000):
+    """dkern's exact kNN regression against scikit-learn's brute force (on every core) and
+    its default search, all three timed on ``predict`` (the neighbour search and the mean
+    of k targets); the indices are compared on the first ``n_check`` queries
+    (``kneighbors``, untimed)."""
     from sklearn.neighbors import KNeighborsRegressor
 
     n = len(X)
-    model = dkern.KNeighborsRegressor(n_neighbors=K).fit((url, f"X{n}"), t)
-    reference = KNeighborsRegressor(n_neighbors=K, algorithm="brute").fit(X, t)
+    model = dkern.KNeighborsRegressor(n_neighbors=K).fit(rows, t)
     t_ours, got = timed(model.predict, Q)
-    t_sk, ref = timed(reference.predict, Q)
-    same = float((model.kneighbors(Q[:n_check])[1]
-                  == reference.kneighbors(Q[:n_check])[1]).mean())
-    return [(f"KNeighborsRegressor, k = {K} (scikit-learn `algorithm='brute'`; indices equal "
-             f"on the first {min(n_check, len(Q)):,} queries: {same:.4%})", n, t_ours, t_sk,
-             float(np.abs(got - ref).max()))]
+    same = model.kneighbors(Q[:n_check])[1]
+    out = []
+    for label, options in [("`algorithm='brute'`", {"algorithm": "brute",
+                                                     "n_jobs": os.cpu_count()}),
+                           ("default `algorithm='auto'`", {})]:
+        reference = KNeighborsRegressor(n_neighbors=K, **options).fit(X, t)
+        t_sk, ref = timed(reference.predict, Q)
+        equal = float((same == reference.kneighbors(Q[:n_check])[1]).mean())
+        out.append((f"KNeighborsRegressor, k = {K} (scikit-learn {label}; indices equal "
+                    f"on the first {min(n_check, len(Q)):,} queries: {equal:.4%})", n, t_ours,
+                    t_sk, float(np.abs(got - ref).max())))
+    return out
 
 
 def main() -> None:
@@ -103,6 +151,8 @@ def main() -> None:
                         help="training rows for the scikit-learn KDE / numpy N-W comparison")
     parser.add_argument("--only", nargs="+", choices=["kde", "nw", "knn"],
                         default=["kde", "nw", "knn"])
+    parser.add_argument("--source", choices=["zarr", "memory"], default="zarr",
+                        help="dkern's training rows: a Zarr store, or numpy in memory")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -112,33 +162,45 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, dkern.connect():
         url = str(Path(tmp) / "toolbox.zarr")
-        for n in {min(args.sk_n, args.n), args.n}:
-            write_array(X[:n], url, f"X{n}", chunk_rows=62_500)
         sizes, n_ref = sorted({min(args.sk_n, args.n), args.n}), min(args.sk_n, args.n)
+        if args.source == "zarr":
+            for n in sizes:
+                write_array(X[:n], url, f"X{n}", chunk_rows=62_500)
+
+        def source(n):
+            return (url, f"X{n}") if args.source == "zarr" else X[:n]
+
         if "kde" in args.only:
-            rows += compare("KernelDensity (Gaussian; scikit-learn)",
-                            lambda n: dkern_kde(url, n, Q), lambda n: sklearn_kde(X[:n], Q),
-                            sizes, n_ref)
+            rows += compare("KernelDensity (Gaussian)", lambda n: dkern_kde(source(n), Q),
+                            [("scikit-learn's tree", lambda n: sklearn_kde(X[:n], Q), n_ref),
+                             ("numpy, threaded", lambda n: numpy_kde(X[:n], Q, BANDWIDTH),
+                              None)], sizes, n_ref)
         if "nw" in args.only:
-            rows += compare("Nadaraya–Watson (Gaussian; numpy)",
-                            lambda n: dkern_nw(url, n, t[:n], Q),
-                            lambda n: numpy_nadaraya_watson(X[:n], t[:n], Q, BANDWIDTH),
-                            sizes, n_ref)
+            rows += compare("Nadaraya–Watson (Gaussian)",
+                            lambda n: dkern_nw(source(n), t[:n], Q),
+                            [("numpy, threaded",
+                              lambda n: numpy_nadaraya_watson(X[:n], t[:n], Q, BANDWIDTH),
+                              n_ref)], sizes, n_ref)
         if "knn" in args.only:
-            rows += knn(url, X, t, Q)
+            rows += knn(source(args.n), X, t, Q)
+    where = "from Zarr" if args.source == "zarr" else "in memory"
     table = markdown_table(
-        ["method (reference)", "training rows", "dkern from Zarr (s)", "reference (s)",
+        ["method (reference)", "training rows", f"dkern {where} (s)", "reference (s)",
          "reference / dkern", "max abs difference"],
-        [[name, f"{n:,}", f"{ours:.1f}", "-" if ref is None else f"{ref:.1f}",
+        [[name, f"{n:,}", f"{ours:.2f}", "-" if ref is None else f"{ref:.2f}",
           "-" if ref is None else f"{ref / ours:.2f}", "-" if err is None else f"{err:.1e}"]
          for name, n, ours, ref, err in rows])
-    body = (f"## Toolbox (`benchmarks/toolbox.py`)\n\nMachine: {machine()}.\n\n"
+    data = ("reading a float64 Zarr store in chunks of 62,500 rows" if args.source == "zarr"
+            else "given the rows in memory, as the references")
+    option = "" if args.source == "zarr" else " --source memory"
+    body = (f"## Toolbox (`benchmarks/toolbox.py{option}`)\n\nMachine: {machine()}.\n\n"
             f"d = 8, {args.queries:,} query rows, bandwidth {BANDWIDTH}; dkern on "
-            "`dkern.connect()` (embedded LocalCluster, 2 workers) reading a float64 Zarr "
-            f"store in chunks of 62,500 rows; references in memory.\n\n{table}\n")
+            f"`dkern.connect()` (embedded LocalCluster, 2 workers) {data}; references in "
+            f"memory, threaded over {os.cpu_count()} cores where they can be.\n\n{table}\n")
     print(body)
     if not args.no_write:
-        update_section(f"toolbox-{'-'.join(args.only)}-{args.queries}", body)
+        suffix = "" if args.source == "zarr" else "-memory"
+        update_section(f"toolbox-{'-'.join(args.only)}-{args.queries}{suffix}", body)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ nothing: it is folded into the coefficients of the same product.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.spatial.distance import cdist
 
 from ..kernels.stationary import robust_centre
 from .numpy_backend import single_threaded_blas
+from .spatial import box_bounds, spatial_order, tile_boxes
 
 __all__ = ["HIT", "PAD_INDEX", "best_k", "merge_hits", "merge_neighbors", "metric_distances",
            "nearest_block", "nearest_block_metric", "neighbors_dtype", "sample_bound_metric",
@@ -38,9 +39,14 @@ __all__ = ["HIT", "PAD_INDEX", "best_k", "merge_hits", "merge_neighbors", "metri
 
 #: The index of an empty slot (fewer than k rows seen): sorts after every real index.
 PAD_INDEX = np.iinfo(np.int64).max
-#: Tile of query rows × training rows (4 MiB of float32 approximate distances): the fastest
-#: of the shapes tried from 128 × 2048 to 2048 × 1024 (benchmarks/RESULTS.md, toolbox).
-TILE = (1024, 1024)
+#: Query rows searched together × training rows per tile: tiles of nearby training rows
+#: small enough to be skipped whole; the rows of a query tile that are not skipped (~10%
+#: in 8 dimensions) leave products of about an L2 cache (1 MiB of float32).
+TILE = (8192, 1024)
+#: Query rows of one product with a training tile, at most (4 MiB of float32).
+PRODUCT_ROWS = 1024
+#: Bytes of the lower bounds from a tile of query rows to every training tile, at most.
+REACH_BYTES = 32 * 2**20
 #: Columns per run in :func:`_true_entries` (a divisor of the tile's column count).
 RUN = 64
 #: Squared norms up to this select candidates in float32 (its range ends at 3.4e38).
@@ -60,6 +66,11 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
                   k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest rows of z to each row of x, by exact squared distance, then index,
     among those within ``limit``.
+
+    The training rows are grouped into tiles of nearby rows (:mod:`dkern.backends.spatial`).
+    Each query row first searches the tile whose bounding box is nearest, which gives it a
+    tight bound on its k-th distance at once; then every other tile, skipping the rows the
+    tile's box is farther from than their k-th nearest so far.
 
     Parameters
     ----------
@@ -83,49 +94,104 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
         Their rows' global indices; ``PAD_INDEX`` in those slots.
     """
     x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
-    index = np.asarray(index, dtype=np.int64)
     best_sq = np.full((len(x), k), np.inf)
     best_idx = np.full((len(x), k), PAD_INDEX)
     if len(z) == 0:
         return best_sq, best_idx
-    xa, za, hx, rel = _augmented(x, z)
-    cap = 4.0 * (hx + za[:, -2].max(initial=0.0))  # exceeds every distance (see _candidates)
     tile_rows, tile_cols = TILE
+    z, by_place = spatial_order(z, tile_cols)  # compact tiles of tile_cols rows
+    index = np.asarray(index, dtype=np.int64)[by_place, 0]
+    xa, za, hx, rel = _augmented(x, z)
+    train = _Tiles(z, np.ascontiguousarray(za.T), index, *tile_boxes(z, tile_cols), rel)
+    cap = 4.0 * (hx + za[:, -2].max(initial=0.0))  # exceeds every distance (see _candidates)
+    start = np.where(np.isfinite(limit[:, 0]), np.minimum(limit[:, 0], cap), np.inf)
+    # the rows searched together hold their bounds to every training tile: keep that small
+    tile_rows = min(tile_rows, max(PRODUCT_ROWS, REACH_BYTES // (8 * len(train.low))))
     with single_threaded_blas():
-        for j0 in range(0, len(z), tile_cols):
-            zt, zat = z[j0:j0 + tile_cols], np.ascontiguousarray(za[j0:j0 + tile_cols].T)
-            for i0 in range(0, len(x), tile_rows):
-                part = slice(i0, i0 + tile_rows)
-                bound = np.minimum(best_sq[part, k - 1], limit[part, 0])
-                np.minimum(bound, cap[part], out=bound, where=np.isfinite(bound))
-                rows, cols = _candidates(xa[part], zat, hx[part], rel, bound, k)
-                if len(rows) == 0:
-                    continue
-                hit, rows = np.unique(rows, return_inverse=True)  # merge these rows only
-                exact = np.square(x[i0 + hit[rows]] - zt[cols]).sum(axis=1)
-                mine = np.repeat(np.arange(len(hit)), k)
-                at = i0 + hit
-                best_sq[at], best_idx[at] = best_k(
-                    np.concatenate([mine, rows]),
-                    np.concatenate([best_sq[at].ravel(), exact]),
-                    np.concatenate([best_idx[at].ravel(), index[j0 + cols, 0]]), len(hit), k)
+        for i0 in range(0, len(x), tile_rows):
+            part = slice(i0, i0 + tile_rows)
+            best_sq[part], best_idx[part] = _nearest_rows(x[part], xa[part], hx[part],
+                                                          start[part], train, k)
     return best_sq, best_idx
 
 
-def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
-    """Each row's k-th smallest exact squared distance to the ``sample`` rows; shape (n, 1).
+class _Tiles(NamedTuple):
+    """A training block in compact tiles of ``TILE[1]`` rows (:func:`nearest_block`)."""
 
-    The sample rows are training rows, so this bounds the k-th smallest over all of them;
-    it is computed by the same arithmetic as the blocks' exact distances, so a sample row
-    at exactly this distance is found again by its block.
+    z: np.ndarray  # (m, d) rows, in tile order
+    zat: np.ndarray  # (d + 2, m) their augmented rows, transposed (:func:`_augmented`)
+    index: np.ndarray  # (m,) their global indices
+    low: np.ndarray  # (tiles, d) each tile's bounding box
+    high: np.ndarray
+    rel: float  # the products' relative error bound
+
+
+def _nearest_rows(x: np.ndarray, xa: np.ndarray, hx: np.ndarray, start: np.ndarray,
+                  train: _Tiles, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nearest_block` for query rows x (r, d), with their augmented rows ``xa``,
+    centred squared norms ``hx`` and starting bounds ``start`` (r,)."""
+    best = np.full((len(x), k), np.inf), np.full((len(x), k), PAD_INDEX)
+    reach = box_bounds(x, train.low, train.high)  # (r, tiles)
+    seed = reach.argmin(axis=1)  # each row's nearest tile, searched first
+    by_seed = np.argsort(seed, kind="stable")
+    edges = np.searchsorted(seed[by_seed], np.arange(reach.shape[1] + 1))
+    unbounded = np.full(len(x), np.inf)  # its k nearest in the tile, whatever the limit
+    for t in np.unique(seed):
+        _search_tile(t, by_seed[edges[t]:edges[t + 1]], unbounded, x, xa, hx, train, best, k)
+    for t in range(reach.shape[1]):
+        bound = np.minimum(best[0][:, k - 1], start)
+        rows = np.flatnonzero((reach[:, t] <= bound) & (seed != t))
+        for r0 in range(0, len(rows), PRODUCT_ROWS):  # all of them where nothing is skipped
+            _search_tile(t, rows[r0:r0 + PRODUCT_ROWS], bound, x, xa, hx, train, best, k)
+    beyond = best[0] > start[:, None]  # found by the nearest tile's search, past the limit
+    best[0][beyond], best[1][beyond] = np.inf, PAD_INDEX
+    return best
+
+
+def _search_tile(t: int, rows: np.ndarray, bound: np.ndarray, x: np.ndarray, xa: np.ndarray,
+                 hx: np.ndarray, train: _Tiles, best: tuple[np.ndarray, np.ndarray],
+                 k: int) -> None:
+    """Merge training tile ``t``'s rows within ``bound`` (r,) into the k nearest so far of
+    the query ``rows`` (indices into x), in place in ``best`` = (sq, index), each (r, k)."""
+    j0 = t * TILE[1]
+    hits, cols = _candidates(xa[rows], train.zat[:, j0:j0 + TILE[1]], hx[rows], train.rel,
+                             bound[rows], k)
+    if len(hits) == 0:
+        return
+    hit, hits = np.unique(hits, return_inverse=True)  # merge these rows only
+    at = rows[hit]
+    exact = np.square(x[at[hits]] - train.z[j0 + cols]).sum(axis=1)
+    best_sq, best_idx = best
+    best_sq[at], best_idx[at] = best_k(
+        np.concatenate([np.repeat(np.arange(len(at)), k), hits]),
+        np.concatenate([best_sq[at].ravel(), exact]),
+        np.concatenate([best_idx[at].ravel(), train.index[j0 + cols]]), len(at), k)
+
+
+def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
+    """An upper bound on each row's k-th smallest exact squared distance to the ``sample``
+    rows; shape (n, 1).
+
+    The sample rows are training rows, so this bounds the k-th smallest over all of them.
+    Distances by one product on rows centred on the sample (``‖x‖² + ‖s‖² − 2xᵀs``), each
+    raised by a bound on its error and on the exact sum's rounding (as :func:`_augmented`'s,
+    for float64), so a sample row at the k-th exact distance is within it.
     """
+    x, sample = np.asarray(x, dtype=np.float64), np.asarray(sample, dtype=np.float64)
+    centre = robust_centre(sample)
+    sc = sample - centre
+    hs = np.einsum("ij,ij->i", sc, sc)
+    rel = ERROR_PER_FEATURE * (x.shape[1] + 2) * float(np.finfo(np.float64).eps)
     out = np.empty((len(x), 1))
-    rows = 128  # a (rows, len(sample), d) difference array at a time
-    for i0 in range(0, len(x), rows):
-        xt = np.asarray(x[i0:i0 + rows], dtype=np.float64)
-        sq = np.square(xt[:, None, :] - sample[None, :, :]).sum(axis=2)
-        out[i0:i0 + rows, 0] = np.partition(sq, k - 1, axis=1)[:, k - 1]
-    return out * (1 + 1e-12)  # a margin, should a block's sum round differently
+    rows = 512  # a (rows, len(sample)) block of distances at a time
+    with single_threaded_blas(), np.errstate(over="ignore", invalid="ignore"):
+        for i0 in range(0, len(x), rows):
+            xc = x[i0:i0 + rows] - centre
+            hx = np.einsum("ij,ij->i", xc, xc)[:, None]
+            upper = (hx + hs) * (1.0 + rel) - 2.0 * (xc @ sc.T)
+            upper[np.isnan(upper)] = np.inf  # inf - inf of overflowing squares
+            out[i0:i0 + rows, 0] = np.partition(upper, k - 1, axis=1)[:, k - 1]
+    return out * (1 + 1e-12)
 
 
 def metric_distances(x: np.ndarray, z: np.ndarray, *, metric: str, p: float) -> np.ndarray:

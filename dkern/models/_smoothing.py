@@ -4,6 +4,7 @@ bandwidth, and the pass over the training rows
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import dask
@@ -13,6 +14,7 @@ import numpy as np
 from ..kernels import Gaussian, Kernel
 from ..kernels.profiles import PROFILES, RadialProfile
 from ..operators import data_rows
+from ..operators.in_process import in_process
 from ..operators.reductions import kernel_log_sums
 from ._validation import finite_number
 
@@ -69,6 +71,13 @@ def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel
             len(targets), -1), chunks=(X.chunks[0], -1)))
     return kernel_log_sums(Q, X, T, kernel=kernel, box_width=1.0 if box else None,
                            scale=bandwidth, name=name, backend=backend)
+
+
+def in_process_when_small(queries: Any, training: Any, *others: Any,
+                          name: str) -> contextlib.AbstractContextManager[bool]:
+    """:func:`dkern.operators.in_process.in_process` for a pass of the query rows over the
+    training rows (and their targets or weights, ``others``)."""
+    return in_process(len(queries) * len(training), queries, training, *others, name=name)
 
 
 def finish(result: da.Array, lazy: bool) -> Any:

@@ -144,13 +144,14 @@ class KernelDensity(DeclaredState, BaseEstimator):
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=False)
         weights = self.sample_weight_
-        sums = _smoothing.log_sums(Xv, self.X_fit_, weights, kernel=kernel, box=box,
-                                   bandwidth=self.bandwidth_, name="dk-kde",
-                                   backend=resolve_backend(self.backend))
-        # [m, Σk, Σkw]/e^m: the weighted sum is the last column
-        logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
-                             dtype=np.float64, meta=np.empty(0))
-        return _smoothing.finish(logp, is_lazy(X))
+        with _smoothing.in_process_when_small(Xv, self.X_fit_, weights, name="dk-kde"):
+            sums = _smoothing.log_sums(Xv, self.X_fit_, weights, kernel=kernel, box=box,
+                                       bandwidth=self.bandwidth_, name="dk-kde",
+                                       backend=resolve_backend(self.backend))
+            # [m, Σk, Σkw]/e^m: the weighted sum is the last column
+            logp = da.map_blocks(_log_density, sums, offset=self.log_norm_, drop_axis=1,
+                                 dtype=np.float64, meta=np.empty(0))
+            return _smoothing.finish(logp, is_lazy(X))
 
     @labelled_score
     def score(self, X: Rows, y: Rows | None = None) -> float:

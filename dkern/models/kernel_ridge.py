@@ -18,6 +18,7 @@ from ..errors import NotPositiveDefiniteError
 from ..io import Rows, is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
+from ..operators.in_process import in_process
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
@@ -304,16 +305,19 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         if is_store_ref(out):
             check_out_is_not_input(X, out[0], [out[1]])
         Xv = check_X(self, X, reset=False)
-        if self.solver_ == "nystrom":
-            beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory
-            pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend,
-                                   dtype=np.float64, name="dk-predict").matvec(beta)
-        else:  # exact, cg and gd: the kernel expansion of their posteriors' means
-            pred = KernelExpansion(self.kernel_, self.X_fit_, self.dual_coef_,
-                                   backend=self.backend).mean(Xv)
-        if out is not None:
-            return _write_predictions(pred, out, overwrite)
-        return pred.compute() if isinstance(Xv, np.ndarray) else pred
+        held = (self.centers_,) if self.solver_ == "nystrom" else (self.X_fit_, self.dual_coef_)
+        # a store to write (out) is written where the work runs: the workers' file system
+        with in_process(Xv.shape[0] * len(held[0]), Xv, *held, out, name="dk-predict"):
+            if self.solver_ == "nystrom":
+                beta = np.asarray(self.dual_coef_)  # (M,) or (M, t): always in memory
+                pred = NystromOperator(self.kernel_, Xv, self.centers_, self.backend,
+                                       dtype=np.float64, name="dk-predict").matvec(beta)
+            else:  # exact, cg and gd: the kernel expansion of their posteriors' means
+                pred = KernelExpansion(self.kernel_, self.X_fit_, self.dual_coef_,
+                                       backend=self.backend).mean(Xv)
+            if out is not None:
+                return _write_predictions(pred, out, overwrite)
+            return pred.compute() if isinstance(Xv, np.ndarray) else pred
 
     # ------------------------------------------------------------------ fitting
     def _resolve_solver(self, solver: str, n: int) -> str:

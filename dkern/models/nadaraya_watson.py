@@ -115,16 +115,17 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
         check_is_fitted(self, "y_fit_")
         Xv = check_X(self, X, reset=False)
         kernel, box = _smoothing.smoothing_kernel(self.kernel, any_kernel=True)
-        sums = _smoothing.log_sums(Xv, self.X_fit_, self.y_fit_, kernel=kernel, box=box,
-                                   bandwidth=float(self.bandwidth), name="dk-nw",
-                                   backend=resolve_backend(self.backend))
-        pred = da.map_blocks(_weighted_mean, sums, dtype=np.float64,
-                             chunks=(sums.chunks[0], (sums.shape[1] - 2,)))
-        if self.y_fit_.ndim == 1:
-            pred = pred[:, 0]
-        if is_lazy(X):
-            return pred
-        out = pred.compute()
+        with _smoothing.in_process_when_small(Xv, self.X_fit_, self.y_fit_, name="dk-nw"):
+            sums = _smoothing.log_sums(Xv, self.X_fit_, self.y_fit_, kernel=kernel, box=box,
+                                       bandwidth=float(self.bandwidth), name="dk-nw",
+                                       backend=resolve_backend(self.backend))
+            pred = da.map_blocks(_weighted_mean, sums, dtype=np.float64,
+                                 chunks=(sums.chunks[0], (sums.shape[1] - 2,)))
+            if self.y_fit_.ndim == 1:
+                pred = pred[:, 0]
+            if is_lazy(X):
+                return pred
+            out = pred.compute()
         missing = int(np.isnan(out.reshape(len(out), -1)[:, 0]).sum())
         if missing:
             warnings.warn(f"NadarayaWatson: {missing} of {len(out)} rows of X have no training "

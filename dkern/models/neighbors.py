@@ -16,6 +16,7 @@ from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows
 from ..operators import data_rows, pairwise_rows
+from ..operators.in_process import in_process
 from ..operators.reductions import nearest_neighbors
 from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
@@ -104,15 +105,17 @@ class _Neighbors(DeclaredState, BaseEstimator):
                              f"{' (the query is the training data itself)' if itself else ''}."
                              " Ask for fewer neighbours.")
         metric, p = checked_metric(self.metric, self.p)
-        dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
-                                      data_rows(self.X_fit_, name="X_fit"), k + itself,
-                                      backend=resolve_backend(self.backend), metric=metric, p=p)
-        if itself:
-            rows = da.arange(ind.shape[0], chunks=ind.chunks[0])[:, None]
-            dist, ind = _drop_self(dist, ind, rows)
-        out = (dist, ind) if return_distance else (ind,)
-        if not isinstance(Xv, da.Array):
-            out = dask.compute(*out)  # together: computed apart, the search would run twice
+        with in_process(Xv.shape[0] * self.n_samples_fit_, Xv, self.X_fit_, name="dk-knn"):
+            dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
+                                          data_rows(self.X_fit_, name="X_fit"), k + itself,
+                                          backend=resolve_backend(self.backend), metric=metric,
+                                          p=p)
+            if itself:
+                rows = da.arange(ind.shape[0], chunks=ind.chunks[0])[:, None]
+                dist, ind = _drop_self(dist, ind, rows)
+            out = (dist, ind) if return_distance else (ind,)
+            if not isinstance(Xv, da.Array):  # together: apart, the search would run twice
+                out = dask.compute(*out)
         return out if return_distance else out[0]
 
     def kneighbors_graph(self, X: Rows | None = None, n_neighbors: int | None = None,

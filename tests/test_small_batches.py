@@ -1,0 +1,178 @@
+"""Small passes over in-memory arrays run in this process (dkern.operators.in_process), with
+the same results as on the cluster; the kNN block's k-d tiles (dkern.backends.spatial).
+
+Each in-process result is compared with a dense reference and with the same call on the
+cluster (the in-process cap set to 0); the scheduler's transition counter shows whether
+the cluster was used at all.
+"""
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+from sklearn.datasets import load_diabetes
+from sklearn.neighbors import NearestNeighbors
+
+import dkern
+from dkern.backends import neighbors, spatial
+from dkern.io import write_array
+from dkern.operators import in_process as in_process_module
+from dkern.operators.in_process import in_process
+
+
+def _transitions(client):
+    """Task transitions the scheduler has made so far (unchanged: nothing was submitted)."""
+    return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+
+
+def _on_both_paths(client, monkeypatch, call):
+    """``call()`` in process and on the cluster: (in-process result, cluster result), after
+    checking that only the second used the scheduler."""
+    before = _transitions(client)
+    local = call()
+    assert _transitions(client) == before, "the small pass went to the cluster"
+    with monkeypatch.context() as patch:
+        patch.setattr(in_process_module, "IN_PROCESS_PAIRS", 0)
+        remote = call()
+    assert _transitions(client) > before, "the large pass did not use the cluster"
+    return local, remote
+
+
+def _exact_order(X, Q, k):
+    """The k nearest rows by (exact squared distance, index), and their distances."""
+    D = ((Q[:, None, :] - X[None]) ** 2).sum(-1)
+    order = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :k]
+    return np.sqrt(np.take_along_axis(D, order, 1)), order
+
+
+def _diabetes():
+    data = load_diabetes()
+    X = data.data[:, [2, 3, 8]]
+    return (X - X.mean(0)) / X.std(0), data.target
+
+
+def test_knn_in_process_equals_the_cluster_and_brute_force_with_ties(cluster_client,
+                                                                     monkeypatch):
+    """Rows on an integer grid (many rows at equal distance): the k nearest by (distance,
+    index) on both paths, identical, and scikit-learn's brute force distances."""
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 6, size=(3000, 3)).astype(np.float64)
+    Q = rng.integers(0, 6, size=(300, 3)).astype(np.float64) + 0.5 * (np.arange(300) % 2)[:, None]
+    model = dkern.KNeighborsRegressor(n_neighbors=7, backend="numpy").fit(X, X[:, 0])
+    (dist, ind), (dist_c, ind_c) = _on_both_paths(cluster_client, monkeypatch,
+                                                  lambda: model.kneighbors(Q))
+    ref_dist, ref_ind = _exact_order(X, Q, 7)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_array_equal(dist, ref_dist)
+    np.testing.assert_array_equal(ind_c, ind)
+    np.testing.assert_array_equal(dist_c, dist)
+    sk_dist, _ = NearestNeighbors(n_neighbors=7, algorithm="brute").fit(X).kneighbors(Q)
+    np.testing.assert_allclose(dist, sk_dist, rtol=1e-12, atol=1e-12)
+    pred, pred_c = _on_both_paths(cluster_client, monkeypatch, lambda: model.predict(Q))
+    np.testing.assert_array_equal(pred, pred_c)
+    np.testing.assert_allclose(pred, X[ref_ind, 0].mean(axis=1), rtol=1e-14)
+
+
+def test_kde_and_nadaraya_watson_in_process_equal_the_cluster_and_dense(cluster_client,
+                                                                        monkeypatch):
+    X, y = _diabetes()
+    train, test, h = X[:300], X[300:], 0.4
+    kde = dkern.KernelDensity(bandwidth=h, backend="numpy").fit(train)
+    logp, logp_c = _on_both_paths(cluster_client, monkeypatch,
+                                  lambda: kde.score_samples(test))
+    L = -0.5 * (((test[:, None, :] - train[None]) / h) ** 2).sum(-1)
+    dense = logsumexp(L, axis=1) - np.log(len(train)) - 1.5 * np.log(2 * np.pi * h * h)
+    np.testing.assert_allclose(logp, dense, rtol=1e-12)
+    np.testing.assert_array_equal(logp_c, logp)
+    nw = dkern.NadarayaWatson(bandwidth=h, backend="numpy").fit(train, y[:300])
+    pred, pred_c = _on_both_paths(cluster_client, monkeypatch, lambda: nw.predict(test))
+    W = np.exp(L - L.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(pred, W @ y[:300] / W.sum(axis=1), rtol=1e-12)
+    np.testing.assert_array_equal(pred_c, pred)
+
+
+def test_kernel_ridge_predict_in_process_equals_the_cluster(cluster_client, monkeypatch):
+    X, y = _diabetes()
+    model = dkern.KernelRidge(alpha=1.0, kernel=dkern.kernels.Gaussian(1.0), solver="exact",
+                              backend="numpy").fit(X[:300], y[:300])
+    pred, pred_c = _on_both_paths(cluster_client, monkeypatch, lambda: model.predict(X[300:]))
+    K = np.exp(-0.5 * ((X[300:, None, :] - X[None, :300]) ** 2).sum(-1))
+    np.testing.assert_allclose(pred, K @ model.dual_coef_, rtol=1e-10)
+    np.testing.assert_array_equal(pred_c, pred)
+
+
+def test_zarr_training_rows_stay_on_the_cluster(cluster_client, tmp_path):
+    """Lazy rows are never gathered into this process: the pass runs on the workers, and
+    lazy queries give lazy results."""
+    X, y = _diabetes()
+    url = str(tmp_path / "rows.zarr")
+    write_array(X[:300], url, "X", chunk_rows=100)
+    model = dkern.KNeighborsRegressor(n_neighbors=5, backend="numpy").fit((url, "X"), y[:300])
+    before = _transitions(cluster_client)
+    dist, ind = model.kneighbors(X[300:])
+    assert _transitions(cluster_client) > before
+    np.testing.assert_array_equal(ind, _exact_order(X[:300], X[300:], 5)[1])
+    lazy = dkern.KernelDensity(bandwidth=0.5, backend="numpy").fit(X[:300]).score_samples(
+        da.from_array(X[300:], chunks=50))
+    assert isinstance(lazy, da.Array)
+
+
+def test_in_process_only_for_in_memory_inputs_under_a_remote_scheduler(cluster_client):
+    small, lazy = np.zeros((3, 2)), da.zeros((3, 2), chunks=1)
+    with in_process(100, small, None, name="t") as local:
+        assert local and dask.config.get("scheduler") == "threads"
+    for args in [(100, small, lazy), (2**40, small), (100, small, ("file.zarr", "X"))]:
+        with in_process(*args, name="t") as local:
+            assert not local
+    with dask.config.set(scheduler="synchronous"), in_process(100, small, name="t") as local:
+        assert not local and dask.config.get("scheduler") == "synchronous"
+
+
+@pytest.mark.parametrize("tile, product_rows", [((64, 128), 16), ((8192, 1024), 1024)])
+def test_nearest_block_over_many_tiles_equals_the_exact_order(tile, product_rows, monkeypatch):
+    """Several query and training tiles, products of a few rows, a partial last tile, rows
+    on a grid (ties), and rows far from the rest: the k nearest by (distance, index) and
+    their exact distances."""
+    monkeypatch.setattr(neighbors, "TILE", tile)
+    monkeypatch.setattr(neighbors, "PRODUCT_ROWS", product_rows)
+    rng = np.random.default_rng(3)
+    Z = rng.integers(-4, 5, size=(1500, 4)).astype(np.float64)
+    Z[::97] *= 1e3
+    X = np.vstack([rng.integers(-4, 5, size=(180, 4)), rng.normal(size=(20, 4)) * 50])
+    limit = neighbors.sample_bound(X, Z[:64], k=5)
+    index = np.arange(10, 1510)[:, None]  # global indices of a later block
+    sq, ind = neighbors.nearest_block(X, Z, limit, index, k=5)
+    ref_dist, ref_ind = _exact_order(Z, X, 5)
+    np.testing.assert_array_equal(ind, ref_ind + 10)
+    np.testing.assert_array_equal(np.sqrt(sq), ref_dist)
+    # a tighter limit than any row's k-th: the slots past it stay (inf, PAD_INDEX)
+    sq, ind = neighbors.nearest_block(X, Z, np.full((len(X), 1), 2.5), index, k=5)
+    within = ref_dist <= np.sqrt(2.5)
+    assert 0 < within.mean() < 1
+    np.testing.assert_array_equal(ind, np.where(within, ref_ind + 10, neighbors.PAD_INDEX))
+    np.testing.assert_array_equal(np.sqrt(sq), np.where(within, ref_dist, np.inf))
+
+
+def test_sample_bound_bounds_the_exact_kth_distance():
+    rng = np.random.default_rng(4)
+    S, X = rng.normal(size=(300, 6)) + 1e4, rng.normal(size=(50, 6)) + 1e4
+    exact = np.sort(((X[:, None] - S[None]) ** 2).sum(-1), axis=1)[:, 2]
+    bound = neighbors.sample_bound(X, S, k=3)[:, 0]
+    assert (bound >= exact).all() and (bound <= exact * (1 + 1e-6) + 1e-6).all()
+
+
+def test_spatial_tiles_are_a_permutation_and_box_bounds_are_lower_bounds():
+    rng = np.random.default_rng(5)
+    A = rng.normal(size=(5120, 3))
+    rows, order = spatial.spatial_order(A, 256)
+    np.testing.assert_array_equal(np.sort(order), np.arange(5120))
+    np.testing.assert_array_equal(rows, A[order])
+    low, high = spatial.tile_boxes(rows, 256)
+    assert low.shape == (20, 3)
+    # compact: each tile's box is far smaller than the whole cloud's
+    assert np.prod(high - low, axis=1).mean() < 0.1 * np.prod(A.max(0) - A.min(0))
+    Q = rng.normal(size=(40, 3)) * 2
+    bound = spatial.box_bounds(Q, low, high)
+    D = ((Q[:, None] - rows[None]) ** 2).sum(-1).reshape(40, 20, 256).min(axis=2)
+    assert (bound <= D).all() and (bound > 0.5 * D).mean() > 0.5
