@@ -91,8 +91,9 @@ def falkon_phases(data: Data, M: int, iterations: int, cluster: Cluster,
                  note="true residual before stopping (and every 50 steps), normal residual"),
     ]
     held = data.chunks_per_worker(cluster) * data.chunk_rows * FLOAT
+    # a cached row block is made in place by its task and then kept: counted once, resident
     memory = {"resident": held * (data.d + (M if cached else 0)) if persisted else 0,
-              "tasks": cluster.threads * read_task_bytes(data, M if cached else 0),
+              "tasks": cluster.threads * read_task_bytes(data),
               "matrices": M * (data.d + data.targets) * FLOAT}
     return phases, memory, 4 * M * M * FLOAT + M * data.d * FLOAT
 

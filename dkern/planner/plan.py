@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import psutil
+
 from ..models.kernel_ridge import CG_PRECONDITIONER_RANK
 from ..models.posteriors.policy import check_solver_fits, choose_solver
 from ..runtime.resources import PAUSE_FRACTION
@@ -132,7 +134,8 @@ def _assumptions(rates: Rates) -> list[str]:
 
 def memory_warnings(plan: Plan, data: Data, rates: Rates) -> list[str]:
     """Warnings, each naming the option to change: a task over the per-task budget (dkern
-    refuses the run before it starts), a worker past its pause threshold."""
+    refuses the run before it starts), a worker past its pause threshold, a client whose
+    matrices would not fit this machine."""
     cluster, out = plan.cluster, []
     task, budget = read_task_bytes(data), task_budget(cluster, rates)
     if task > budget:
@@ -148,4 +151,11 @@ def memory_warnings(plan: Plan, data: Data, rates: Rates) -> list[str]:
                    f"--memory-limit {cluster.memory_limit / 1e9:.2f} GB) where workers pause; "
                    f"the largest part is {part!r}: use {_MEMORY_ADVICE[part]}, or a larger "
                    "--memory-limit")
+    total = psutil.virtual_memory().total
+    if plan.client_memory_bytes > PAUSE_FRACTION * total:
+        out.append(f"memory: the client (this process) needs about "
+                   f"{plan.client_memory_bytes / 1e9:.1f} GB for its M x M (or n x n) "
+                   f"matrices, more than {PAUSE_FRACTION:.0%} of this machine's "
+                   f"{total / 1e9:.0f} GB: use fewer centres (--centers), or run the client "
+                   "on a machine with more memory")
     return out
