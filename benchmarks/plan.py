@@ -101,10 +101,10 @@ def command(kind: str, store: str, model: str, options: list[str]) -> list[str]:
 def validate(stores: dict[str, str], folder: str) -> list[list[object]]:
     """Plan, then run, each configuration; the table's rows."""
     rows, models = [], {}
-    for label, kind, size, both, run_only, plan_only in CONFIGS:
+    for index, (label, kind, size, both, run_only, plan_only) in enumerate(CONFIGS):
         store = stores[size]
-        if kind == "fit":
-            model = os.path.join(folder, f"model-{len(models)}.zarr")
+        if kind == "fit":  # the last fit of each model type is the one its predict uses
+            model = os.path.join(folder, f"model-{index}.zarr")
             models["predict-gp" if "gp" in both else "predict-krr"] = model
         else:
             model = models[kind]

@@ -72,8 +72,9 @@ def falkon_phases(data: Data, M: int, iterations: int, cluster: Cluster,
         normal = M * rates.per_entry("normal_matvec", data.d)
         transpose, entries = M * rates.per_entry("kernel_matvec", data.d), M
         prepare = row_pass("persist X", data, cluster, rates, 0.0,
-                           note="X kept on the workers" if persisted else
-                           "X re-read from the store in every pass")
+                           note="X kept on the workers") if persisted else \
+            Phase("persist X", 0.0, note="X is over the persist budget: every pass re-reads "
+                                         "it from the store")
     on_store = not persisted
     loop_client = 5 * M * M * FLOAT * data.targets / rates.client_bytes_per_s
     phases = [
