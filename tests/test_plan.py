@@ -195,3 +195,21 @@ def test_predicted_time_of_a_small_falkon_fit_within_a_loose_factor(monkeypatch)
     assert [p.name for p in plan.phases[:3]] == ["start", "centres", "cache K_nm"]
     predicted = plan.seconds - plan.phases[0].seconds - plan.phases[1].seconds  # falkon()'s
     assert 1 / 3 < predicted / seconds < 3, (predicted, seconds)
+
+
+def test_predict_reads_the_saved_models_kind_and_size(tmp_path, capsys, cache):
+    """A saved Nyström kernel ridge model: its centres and features set the plan."""
+    import dkern
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, (400, 3))
+    model = dkern.KernelRidge(Gaussian(lengthscale=1.0), alpha=1e-3, solver="nystrom",
+                              n_centers=50, random_state=0).fit(X, np.sin(X[:, 0]))
+    dkern.save(model, tmp_path / "m.zarr")
+    assert main(["plan", "predict", "--model", str(tmp_path / "m.zarr"), "--test-rows",
+                 "100000", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["phases"]["predict"]["entries"] == 100_000 * 50
+    assert "K(X*, centres) @ beta, 50 centres" in report["phases"]["predict"]["note"]
+    assert "--n" in _usage_error(["plan", "predict", "--d", "3", "--solver", "nystrom",
+                                  "--test-rows", "10"], capsys)

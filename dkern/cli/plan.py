@@ -183,7 +183,7 @@ def _plan_predict(args: argparse.Namespace, cluster: Any, rates: Any) -> Any:
     """The model's kind and size, from ``--model`` or the options, then the plan."""
     import dataclasses
 
-    from ..planner import plan_predict
+    from ..planner import default_centers, plan_predict
 
     if args.model is not None:
         kind, columns, d, targets = _saved_model(args)
@@ -192,9 +192,12 @@ def _plan_predict(args: argparse.Namespace, cluster: Any, rates: Any) -> Any:
     else:
         solver = args.solver if args.solver != "auto" else (
             "nystrom" if args.centers else "cg")
+        if args.n is None and (solver != "nystrom" or args.centers is None):
+            args.usage_error(f"predict with a {solver} model needs its training rows: --n"
+                             + (" (or the centres, --centers)" if solver == "nystrom" else ""))
         is_gp = args.model_type == "gp"
         kind = ("sgpr" if is_gp else "nystrom") if solver == "nystrom" else "expansion"
-        columns = args.centers if solver == "nystrom" else args.n
+        columns = (args.centers or default_centers(args.n)) if solver == "nystrom" else args.n
         if is_gp and kind == "expansion" and args.std:
             raise ValueError(_NO_EXACT_STD)
     test = _stored_data(args, "predict")

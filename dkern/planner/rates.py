@@ -87,10 +87,9 @@ class Rates:
     measured: dict[str, Any] = field(default_factory=dict)
 
     def per_entry(self, block: str, d: int) -> float:
-        """Seconds per kernel entry of ``block`` at d features (``a + b·d``, never below
-        the cost measured at the smallest d)."""
+        """Seconds per kernel entry of ``block`` at d features, ``a + b·d``."""
         a, b = self.entry_seconds[block]
-        return max(a + b * d, a)
+        return a + b * d
 
     def to_json(self) -> str:
         return json.dumps({"version": RATES_VERSION, **dataclasses.asdict(self)}, indent=2)
