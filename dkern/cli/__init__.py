@@ -1,9 +1,12 @@
-"""The ``dkern`` command: ``info``, ``make-data``, ``fit``, ``predict``, ``demo``, ``fsck``.
+"""The ``dkern`` command: ``info``, ``make-data``, ``fit``, ``predict``, ``plan``, ``demo``, ...
 
 The command line is the one place that writes to the terminal; the library
 itself only logs. ``--json`` prints one JSON object for scripts, ``--quiet``
 prints nothing but errors. Exit codes: 0 done, 1 a failure dkern diagnosed
 (the message says what to change), 2 bad command-line usage.
+
+``plan`` runs nothing: it predicts a ``fit``'s or ``predict``'s time and per-worker
+memory from this machine's calibrated rates (:mod:`dkern.planner`).
 
 One module per subcommand (``store`` holds ``store`` and ``fsck``): each adds its
 own subparser (``add_parser``) and runs it (``run``, returning the report).
@@ -18,13 +21,13 @@ import logging
 from collections.abc import Sequence
 
 from .. import __version__
-from . import demo, fit, info, make_data, predict, store
+from . import demo, fit, info, make_data, plan, predict, store
 from ._common import DefaultsHelp, parent_parsers, run_command
 
 __all__ = ["main"]
 
 #: The subcommand modules, in the order ``dkern --help`` lists them.
-_SUBCOMMANDS = (info, make_data, fit, predict, demo, store)
+_SUBCOMMANDS = (info, make_data, fit, predict, plan, demo, store)
 
 
 def _parser() -> argparse.ArgumentParser:
