@@ -85,7 +85,7 @@ def load(lib: Native, bind: Callable[[ctypes.CDLL], Any],
         return _fallback(lib, "no C compiler (cc/gcc) on PATH")
     try:
         functions = bind(ctypes.CDLL(str(_build(lib, compiler))))
-    except _UntrustedCache as err:
+    except UntrustedCache as err:
         return _fallback(lib, f"the cached library was not loaded: {err}", logging.WARNING)
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", None) or str(err)
@@ -101,7 +101,7 @@ def _fallback(lib: Native, reason: str, level: int = logging.INFO) -> tuple[None
     return None, f"{lib.fallback} ({reason})"
 
 
-class _UntrustedCache(Exception):
+class UntrustedCache(Exception):
     """A cached file that others could have written; the message names it and the fix."""
 
 
@@ -112,7 +112,7 @@ def _build(lib: Native, compiler: str) -> Path:
     texts = [p.read_text() for p in (lib.source, *lib.headers)]
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, platform.machine(),
                                     _cpu_features()]).encode()).hexdigest()
-    cache = _private_folder(Path(os.environ.get("DKERN_CACHE_DIR")
+    cache = private_folder(Path(os.environ.get("DKERN_CACHE_DIR")
                                  or Path.home() / ".cache" / "dkern"))
     record = cache / f"{lib.name}-{key[:20]}.sha256"
     if os.path.lexists(record):
@@ -120,7 +120,7 @@ def _build(lib: Native, compiler: str) -> Path:
     return _compile(lib, compiler, record)
 
 
-def _private_folder(folder: Path) -> Path:
+def private_folder(folder: Path) -> Path:
     """``folder`` made absolute, created with mode 0o700 where missing (as the XDG base
     directory spec asks), once no one but the user and root can write to it."""
     folder = folder.expanduser().resolve()
@@ -135,26 +135,26 @@ def _private_folder(folder: Path) -> Path:
 
 
 def _check_private(path: Path, st: os.stat_result, fix: str, sticky_ok: bool = False) -> None:
-    """Raise _UntrustedCache unless ``path`` is owned by the user or root and not writable
+    """Raise UntrustedCache unless ``path`` is owned by the user or root and not writable
     by group or others (or, for a folder above the cache, is so with the sticky bit)."""
     if st.st_uid not in (os.geteuid(), 0):
-        raise _UntrustedCache(f"{path} is owned by uid {st.st_uid}, expected you (uid "
+        raise UntrustedCache(f"{path} is owned by uid {st.st_uid}, expected you (uid "
                               f"{os.geteuid()}) or root; {fix}")
     if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
-        raise _UntrustedCache(f"{path} is writable by group or others (mode "
+        raise UntrustedCache(f"{path} is writable by group or others (mode "
                               f"{stat.S_IMODE(st.st_mode):04o}), expected writable by its "
                               f"owner only; {fix}")
 
 
-def _read_private(path: Path, fix: str) -> bytes:
+def read_private(path: Path, fix: str) -> bytes:
     """The bytes of the regular file ``path`` (not a link), once _check_private passes."""
     if os.path.islink(path):
-        raise _UntrustedCache(f"{path} is a symbolic link, expected the file itself; {fix}")
+        raise UntrustedCache(f"{path} is a symbolic link, expected the file itself; {fix}")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _UntrustedCache(f"{path} is not a regular file; {fix}")
+            raise UntrustedCache(f"{path} is not a regular file; {fix}")
         _check_private(path, info, fix)
         return file.read()
 
@@ -163,14 +163,14 @@ def _recorded_library(lib: Native, record: Path) -> Path:
     """The library ``record`` names, if both are private files and its sha256 is the
     recorded one (a change after the build: the library is not loaded)."""
     fix = f"delete the cached build (rm {record.parent}/{lib.name}-*) and dkern rebuilds it"
-    text = _read_private(record, fix).decode(errors="replace")
+    text = read_private(record, fix).decode(errors="replace")
     digest, _, name = text.rstrip("\n").partition("  ")
     library = record.parent / name
     if not name or library.name != name or not library.name.startswith(record.stem + "-"):
-        raise _UntrustedCache(f"{record} does not read '<sha256>  {record.stem}-<id>.so'; "
+        raise UntrustedCache(f"{record} does not read '<sha256>  {record.stem}-<id>.so'; "
                               f"{fix}")
-    if hashlib.sha256(_read_private(library, fix)).hexdigest() != digest:
-        raise _UntrustedCache(f"{library} is not the library built there: its sha256 differs "
+    if hashlib.sha256(read_private(library, fix)).hexdigest() != digest:
+        raise UntrustedCache(f"{library} is not the library built there: its sha256 differs "
                               f"from the one {record} recorded at build time; {fix}")
     return library
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..kernels.fastexp import _private_folder, _read_private, _UntrustedCache
+from ..kernels.native import UntrustedCache, private_folder, read_private
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +126,8 @@ def rates_path() -> Path:
     private where missing; PermissionError, naming the fix, if others could write there."""
     folder = Path(os.environ.get("DKERN_CACHE_DIR") or Path.home() / ".cache" / "dkern")
     try:
-        return _private_folder(folder) / RATES_FILE
-    except _UntrustedCache as err:
+        return private_folder(folder) / RATES_FILE
+    except UntrustedCache as err:
         raise PermissionError(str(err)) from None
 
 
@@ -150,8 +150,8 @@ def load_rates() -> Rates | None:
     if not path.exists():
         return None
     try:
-        text = _read_private(path, f"delete {path} and run `dkern plan --calibrate`")
-    except _UntrustedCache as err:
+        text = read_private(path, f"delete {path} and run `dkern plan --calibrate`")
+    except UntrustedCache as err:
         raise PermissionError(str(err)) from None
     try:
         return Rates.from_json(text.decode())
