@@ -128,7 +128,7 @@ def _sgpr_rates(blocks: Any, kernel_fit: list[float],
     """``rows · M²`` per second of the sparse GP's statistics and prediction blocks, the
     kernel values' share (``kernel_block``'s rate) taken out."""
     from ..kernels import Gaussian
-    from ..solvers.sgpr import _whitening_rows
+    from ..solvers.sgpr import whitening_rows
 
     rng = np.random.default_rng(2)
     d, rows, M = 8, 4096, SGPR_M
@@ -136,7 +136,7 @@ def _sgpr_rates(blocks: Any, kernel_fit: list[float],
     kernel = Gaussian(lengthscale=3.0)
     L = np.linalg.cholesky(kernel(z, z) + 1e-6 * np.eye(M))
     LB, c = np.linalg.cholesky(2 * np.eye(M)), rng.standard_normal((M, 1))
-    tile = _whitening_rows(M)
+    tile = whitening_rows(M)
     kernel_s = rows * M * (kernel_fit[0] + kernel_fit[1] * d)
     stats = best_seconds(lambda: blocks.sgpr_statistics(x, z, y, L, kernel=kernel, tile=tile))
     pred = best_seconds(lambda: blocks.sgpr_predict(x, z, L, LB, c, kernel=kernel, tile=tile))
@@ -207,7 +207,7 @@ def _cluster_rates(workers: int, measured: dict[str, Any]) -> dict[str, Any]:
     imports, then ``connect``) and stop, a pass's overheads, and an idle worker's resident
     memory (after those passes: what a worker holds before a real pass)."""
     from ..runtime import connect
-    from ..runtime.resources import _rss
+    from ..runtime.resources import process_rss
 
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import dkern.cli, dkern.models"], check=True)
@@ -217,7 +217,7 @@ def _cluster_rates(workers: int, measured: dict[str, Any]) -> dict[str, Any]:
     try:
         started = time.perf_counter() - start
         trip, per_task = pass_overheads()
-        idle = max(client.run(_rss).values())
+        idle = max(client.run(process_rss).values())
     finally:
         stop = time.perf_counter()
         client.close()

@@ -143,7 +143,7 @@ def sgpr_phases(data: Data, M: int, cluster: Cluster,
 
 
 def _whitening_bytes(M: int) -> int:
-    """Bytes of the whitening tiles of one sparse-GP task (``_whitening_rows``: at least 256
+    """Bytes of the whitening tiles of one sparse-GP task (``whitening_rows``: at least 256
     rows, else ``WHITENING_TILE_BYTES`` a tile)."""
     return WHITENING_COPIES * max(256 * M * FLOAT, WHITENING_TILE_BYTES)
 

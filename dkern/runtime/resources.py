@@ -88,12 +88,12 @@ def _process_memory(client: Any) -> dict[str, int]:
     """``{worker address: process memory}``, asked now; ``{}`` if the workers cannot answer
     (then the scheduler's heartbeat figures serve)."""
     try:
-        return dict(client.run(_rss))
+        return dict(client.run(process_rss))
     except Exception:  # noqa: BLE001  (a worker gone or unreachable: fall back, not fail)
         return {}
 
 
-def _rss() -> int:
+def process_rss() -> int:
     """This process's resident memory, bytes (what distributed's ``memory`` metric is)."""
     return int(psutil.Process().memory_info().rss)
 

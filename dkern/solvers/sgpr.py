@@ -137,7 +137,7 @@ def sgpr_statistics(kernel: Kernel, X: Any, y: Any, centers: Any, *,
     M, t = len(Z), Yd.shape[1]
     sums = pairwise_reduce(block_backend(concrete).sgpr_statistics, Xd, _centres(Z),
                            [(Yd, "rows")], over="rows", width=M + t, broadcast={"L": L},
-                           name="dk-sgpr", kernel=kernel, tile=_whitening_rows(M))
+                           name="dk-sgpr", kernel=kernel, tile=whitening_rows(M))
     trace = GramOperator(kernel, Xd, None, concrete).diag().sum(dtype=np.float64)
     sums, trace, yty = dask.compute(sums, trace, (Yd * Yd).sum(axis=0))
     trace -= Xd.shape[0] * kernel.white_noise()  # tr K_nn of the noise-free kernel
@@ -154,7 +154,7 @@ def _centres(Z: np.ndarray) -> da.Array:
     return da.from_array(Z, chunks=Z.shape, name=f"dk-centers-{tokenize(Z)}")
 
 
-def _whitening_rows(M: int) -> int:
+def whitening_rows(M: int) -> int:
     """Rows per tile of the whitening solve and the M × M update: the per-row cost is
     the same at any tile, but BLAS runs near its peak only with a few thousand
     right-hand sides (the 4 MiB kernel tiles give a few hundred at M = 2,000)."""
@@ -273,7 +273,7 @@ def sgpr_predict(stats: SGPRStatistics, sigma2: float, X_test: Any, *,
     out = pairwise_rows(blocks.sgpr_predict, Xt.astype(np.float64), width=t + 1,
                         dtype=np.float64, name="dk-sgpr-pred", label="X_test",
                         broadcast={"z": Z, "L": stats.L, "LB": LB, "c": c},
-                        kernel=stats.kernel, tile=_whitening_rows(len(Z)))
+                        kernel=stats.kernel, tile=whitening_rows(len(Z)))
     return out[:, 0] if t == 1 else out[:, :t], out[:, t]
 
 
