@@ -138,6 +138,37 @@ def test_a_task_over_the_budget_names_the_chunk_size():
     assert any("--chunk-rows" in w and "refuse" in w for w in warnings)
 
 
+def test_each_task_thread_and_the_main_one_may_keep_a_trim_threshold_of_heap():
+    """The kept heap is the worker's own glibc setting, per arena: one per task thread and
+    the main one (with MALLOC_TRIM_THRESHOLD_ unset glibc's default is 128 KiB)."""
+    from dkern.runtime import WORKER_MALLOC_ENV
+
+    threshold = int(WORKER_MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"])
+    for threads in (1, 4):
+        plan = plan_fit(Data(100_000, 8, 10_000), Cluster(2, threads, 12 * GB), FAKE,
+                        centers=200, iterations=5)
+        assert plan.worker_memory["kept heap"] == (threads + 1) * threshold
+        assert plan.worker_memory_bytes == sum(plan.worker_memory.values())
+
+
+def test_calibration_times_calls_side_by_side():
+    """With slots = 2 every timed round runs two calls at once: a barrier of two parties
+    passes only when both run together (one after the other it would time out)."""
+    import threading
+
+    from dkern.planner.measure import best_seconds
+
+    barrier, calls = threading.Barrier(2, timeout=10), []
+
+    def call():
+        calls.append(barrier.wait())
+        time.sleep(0.01)
+
+    seconds = best_seconds(call, repeats=2, slots=2)
+    assert len(calls) == 2 * 3  # the warm-up round and two timed rounds, two calls each
+    assert 0.01 <= seconds < 5
+
+
 def test_calibration_file_is_private_and_read_back(tmp_path, monkeypatch):
     folder = tmp_path / "fresh" / "cache"
     monkeypatch.setenv("DKERN_CACHE_DIR", str(folder))

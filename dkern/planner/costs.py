@@ -9,7 +9,8 @@ BLAS rate), plus reading its chunk from the store when the chunk is not persiste
 A worker's peak memory is what it holds at once: the idle process (Python, numpy, dask,
 dkern), its share of the persisted blocks (whole chunks: one chunk on two workers is all
 on one), and, per thread, one task's temporaries (the chunk as read, kernel tiles, partial
-results), plus the M × M matrices broadcast to every worker.
+results), plus the M × M matrices broadcast to every worker, plus the freed heap glibc keeps
+(:func:`kept_heap_bytes`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..operators.memory import PERSIST_FRACTION, READ_FACTOR, TILE_OVERHEAD
+from ..runtime import WORKER_MALLOC_ENV
 from ..runtime.resources import PAUSE_FRACTION, TASK_FRACTION
 from .rates import Rates
 
-__all__ = ["Cluster", "Data", "Phase", "Plan", "makespan", "pass_seconds", "read_task_bytes",
-           "row_pass", "task_budget"]
+__all__ = ["Cluster", "Data", "Phase", "Plan", "kept_heap_bytes", "makespan", "pass_seconds",
+           "read_task_bytes", "row_pass", "task_budget"]
 
 #: Bytes of a float64 value: the solvers compute in float64 whatever the stored dtype.
 FLOAT = 8
@@ -176,3 +178,22 @@ def persist_budget(cluster: Cluster) -> int:
     """Bytes persisted blocks may take over all workers (``PERSIST_FRACTION`` of each
     limit, as :func:`dkern.operators.persist_budget`)."""
     return int(PERSIST_FRACTION * cluster.memory_limit * cluster.workers)
+
+
+def kept_heap_bytes(cluster: Cluster) -> int:
+    """Freed memory a worker process keeps: glibc returns the top of a heap to the system
+    only past ``MALLOC_TRIM_THRESHOLD_`` (dkern's workers set it high so that kernel tiles
+    reuse warm pages, ``dkern/runtime/worker.yaml``), so each arena may keep that much, one
+    arena per task thread and the main one (the event loop, deserialising).
+
+    Parameters
+    ----------
+    cluster : Cluster
+
+    Returns
+    -------
+    int
+        Bytes, ``(threads + 1) × MALLOC_TRIM_THRESHOLD_``.
+    """
+    threshold = int(WORKER_MALLOC_ENV.get("MALLOC_TRIM_THRESHOLD_", 128 * 1024))
+    return (cluster.threads + 1) * threshold

@@ -3,7 +3,10 @@
 Each figure is the best of a few runs of the very function a pass runs (the backend's
 block functions, a Zarr read, a ``dask.compute`` on the embedded cluster), at sizes that
 take well under a second, so the whole calibration takes seconds. Block functions are timed
-in this process with single-threaded BLAS, as a worker runs them: a worker thread's rate.
+in this process with single-threaded BLAS, as a worker runs them, one call per core at once:
+a worker thread's rate while every core of the machine is busy, as in a pass (the cores
+share caches, memory bandwidth and the clock's boost; one call alone on an idle machine ran
+the sparse GP's blocks about a quarter faster than a pass did).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -43,8 +47,13 @@ REPEATS = 3
 clock: Callable[[], float] = time.perf_counter
 
 
-def best_seconds(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
-    """The least time (by ``clock``) of ``repeats`` calls of ``fn``, after a warm-up call."""
+def best_seconds(fn: Callable[[], Any], repeats: int = REPEATS, *, slots: int = 1) -> float:
+    """The least time (by ``clock``) of ``repeats`` calls of ``fn``, after a warm-up call;
+    with ``slots`` > 1, of ``slots`` calls at once on as many threads (the block functions
+    release the GIL in BLAS, numpy and the fused loop): one call's time beside the others."""
+    if slots > 1:
+        with ThreadPoolExecutor(slots) as pool:
+            return best_seconds(lambda: list(pool.map(lambda _: fn(), range(slots))), repeats)
     fn()
     times = []
     for _ in range(repeats):
@@ -68,13 +77,15 @@ def calibrate(*, workers: int | None = None, backend: str = "auto") -> Rates:
     from ..backends import block_backend, resolve_backend
 
     blocks = block_backend(resolve_backend(backend))
-    measured: dict[str, Any] = {"backend": type(blocks).__name__}
-    entry = {name: _entry_fit(blocks, name, measured) for name in
+    slots = os.cpu_count() or 1
+    measured: dict[str, Any] = {"backend": type(blocks).__name__, "calls_at_once": slots}
+    entry = {name: _entry_fit(blocks, name, measured, slots=slots) for name in
              ("kernel_matvec", "normal_matvec", "kernel_block")}
-    sgpr = _sgpr_rates(blocks, entry["kernel_block"], measured)
+    sgpr = _sgpr_rates(blocks, entry["kernel_block"], measured, slots=slots)
     read, write = _store_rates(measured)
-    cluster = _cluster_rates(workers or os.cpu_count() or 1, measured)
-    rates = Rates(entry_seconds=entry, cached_normal_entries_per_s=_cached_rate(measured),
+    cluster = _cluster_rates(workers or slots, measured)
+    cached = _cached_rate(measured, slots=slots)
+    rates = Rates(entry_seconds=entry, cached_normal_entries_per_s=cached,
                   sgpr_statistics_units_per_s=sgpr[0], sgpr_predict_units_per_s=sgpr[1],
                   read_bytes_per_s=read, write_bytes_per_s=write, **_client_rates(measured),
                   **cluster, machine=machine_name(), measured=measured)
@@ -83,10 +94,10 @@ def calibrate(*, workers: int | None = None, backend: str = "auto") -> Rates:
 
 
 def _entry_fit(blocks: Any, name: str, measured: dict[str, Any],
-               ds: tuple[int, ...] = CALIBRATION_D) -> list[float]:
+               ds: tuple[int, ...] = CALIBRATION_D, slots: int = 1) -> list[float]:
     """``[a, b]`` of ``seconds per entry = a + b·d`` for one block function, by least
     squares through its times at the feature counts ``ds`` (the distance part grows with
-    d; one d gives ``b = 0``)."""
+    d; one d gives ``b = 0``), ``slots`` calls at once."""
     from ..kernels import Gaussian
 
     rng = np.random.default_rng(0)
@@ -102,7 +113,7 @@ def _entry_fit(blocks: Any, name: str, measured: dict[str, Any],
         else:
             v = rng.standard_normal((BLOCK_COLS, 1))
             call = lambda x=x, z=z, v=v, k=kernel: blocks.kernel_matvec(x, z, v, kernel=k)  # noqa: E731
-        per_entry.append(best_seconds(call) / (BLOCK_ROWS * BLOCK_COLS))
+        per_entry.append(best_seconds(call, slots=slots) / (BLOCK_ROWS * BLOCK_COLS))
     b, a = np.polyfit(np.array(ds, dtype=float), np.array(per_entry), 1) if len(ds) > 1 \
         else (0.0, per_entry[0])
     if b < 0:  # noise, not entries that get cheaper with d
@@ -112,19 +123,20 @@ def _entry_fit(blocks: Any, name: str, measured: dict[str, Any],
     return [float(max(a, 0.1 * per_entry[0])), float(b)]
 
 
-def _cached_rate(measured: dict[str, Any]) -> float:
-    """Entries per second of ``Kᵀ (K v)`` over a cached block (BLAS matrix-vector)."""
+def _cached_rate(measured: dict[str, Any], slots: int = 1) -> float:
+    """Entries per second of ``Kᵀ (K v)`` over a cached block (BLAS matrix-vector, bound by
+    memory bandwidth: the calls at once share it)."""
     from ..operators.nystrom import cached_normal_block
 
     rng = np.random.default_rng(1)
     K, v = rng.standard_normal((BLOCK_ROWS, BLOCK_COLS)), rng.standard_normal((BLOCK_COLS, 1))
-    rate = K.size / best_seconds(lambda: cached_normal_block(K, v))
+    rate = K.size / best_seconds(lambda: cached_normal_block(K, v), slots=slots)
     measured["cached_normal_M_entries_per_s"] = round(rate / 1e6, 1)
     return rate
 
 
-def _sgpr_rates(blocks: Any, kernel_fit: list[float],
-                measured: dict[str, Any]) -> tuple[float, float]:
+def _sgpr_rates(blocks: Any, kernel_fit: list[float], measured: dict[str, Any],
+                slots: int = 1) -> tuple[float, float]:
     """``rows · M²`` per second of the sparse GP's statistics and prediction blocks, the
     kernel values' share (``kernel_block``'s rate) taken out."""
     from ..kernels import Gaussian
@@ -138,8 +150,10 @@ def _sgpr_rates(blocks: Any, kernel_fit: list[float],
     LB, c = np.linalg.cholesky(2 * np.eye(M)), rng.standard_normal((M, 1))
     tile = whitening_rows(M)
     kernel_s = rows * M * (kernel_fit[0] + kernel_fit[1] * d)
-    stats = best_seconds(lambda: blocks.sgpr_statistics(x, z, y, L, kernel=kernel, tile=tile))
-    pred = best_seconds(lambda: blocks.sgpr_predict(x, z, L, LB, c, kernel=kernel, tile=tile))
+    stats = best_seconds(lambda: blocks.sgpr_statistics(x, z, y, L, kernel=kernel, tile=tile),
+                         slots=slots)
+    pred = best_seconds(lambda: blocks.sgpr_predict(x, z, L, LB, c, kernel=kernel, tile=tile),
+                        slots=slots)
     units = rows * M * M
     rates = (units / max(stats - kernel_s, 0.1 * stats), units / max(pred - kernel_s, 0.1 * pred))
     measured["sgpr_seconds_4096_rows_M_1000"] = {"statistics": round(stats, 4),
@@ -202,16 +216,24 @@ def pass_overheads() -> tuple[float, float]:
     return times[2], max(times[32] - times[2], 0.0) / 30
 
 
+#: A command with no work: its imports, the embedded cluster's start, one tiny pass, the
+#: cluster's stop and the interpreter's exit (which waits for the worker processes).
+_EMPTY_COMMAND = ("import logging, dask.array, dkern.cli, dkern.models\n"
+                  "from dkern.runtime import connect\n"
+                  "with connect(n_workers={workers}, silence_logs=logging.CRITICAL):\n"
+                  "    dask.array.ones(4, chunks=2).sum().compute()\n")
+
+
 def _cluster_rates(workers: int, measured: dict[str, Any]) -> dict[str, Any]:
-    """The embedded cluster's fixed costs: the command's start (a fresh interpreter's
-    imports, then ``connect``) and stop, a pass's overheads, and an idle worker's resident
-    memory (after those passes: what a worker holds before a real pass)."""
+    """The embedded cluster's fixed costs: a command's start and stop (a fresh interpreter
+    running :data:`_EMPTY_COMMAND`, exit included), a pass's overheads, and an idle worker's
+    resident memory (after those passes: what a worker holds before a real pass)."""
     from ..runtime import connect
     from ..runtime.resources import process_rss
 
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import dkern.cli, dkern.models"], check=True)
-    imports = time.perf_counter() - start
+    subprocess.run([sys.executable, "-c", _EMPTY_COMMAND.format(workers=workers)], check=True)
+    command = time.perf_counter() - start
     start = time.perf_counter()
     client = connect(n_workers=workers, silence_logs=logging.CRITICAL)
     try:
@@ -219,11 +241,9 @@ def _cluster_rates(workers: int, measured: dict[str, Any]) -> dict[str, Any]:
         trip, per_task = pass_overheads()
         idle = max(client.run(process_rss).values())
     finally:
-        stop = time.perf_counter()
         client.close()
-        stopped = time.perf_counter() - stop
-    measured["cluster"] = {"workers": workers, "imports_s": round(imports, 2),
-                           "connect_s": round(started, 2), "close_s": round(stopped, 2),
-                           "pass_ms": round(1e3 * trip, 1), "task_ms": round(1e3 * per_task, 2)}
-    return {"start_seconds": imports + started + stopped, "round_trip_seconds": trip,
+    measured["cluster"] = {"workers": workers, "empty_command_s": round(command, 2),
+                           "connect_s": round(started, 2), "pass_ms": round(1e3 * trip, 1),
+                           "task_ms": round(1e3 * per_task, 2)}
+    return {"start_seconds": command, "round_trip_seconds": trip,
             "task_seconds": per_task, "worker_idle_bytes": int(idle)}

@@ -19,7 +19,7 @@ from ..runtime.resources import PAUSE_FRACTION
 from ..solvers import EXACT_MAX_N
 from ..solvers.centers import MAX_DEFAULT_CENTERS
 from ..solvers.falkon import DEFAULT_MAX_ITER
-from .costs import Cluster, Data, Phase, Plan, read_task_bytes, task_budget
+from .costs import Cluster, Data, Phase, Plan, kept_heap_bytes, read_task_bytes, task_budget
 from .passes import cg_phases, exact_phases, falkon_phases, predict_phases, sgpr_phases
 from .rates import Rates
 
@@ -39,6 +39,7 @@ _MEMORY_ADVICE = {
     "matrices": "fewer centres (--centers)",
     "partials": "fewer centres (--centers)",
     "idle": "a larger --memory-limit",
+    "kept heap": "fewer --threads per worker",
 }
 
 
@@ -117,10 +118,12 @@ def plan_predict(test: Data, cluster: Cluster, rates: Rates, *, kind: str,
 
 def _finish(phases: list[Phase], memory: dict[str, int], client: int, data: Data,
             cluster: Cluster, rates: Rates, notes: list[str]) -> Plan:
-    """The plan with the command's start, the idle worker, and the memory warnings."""
+    """The plan with the command's start, the idle worker, the heap it keeps, and the memory
+    warnings."""
     start = Phase("start", rates.start_seconds,
                   note="imports, the embedded cluster's start and stop (calibrated)")
-    plan = Plan([start, *phases], {"idle": rates.worker_idle_bytes, **memory}, client,
+    kept = {"idle": rates.worker_idle_bytes, "kept heap": kept_heap_bytes(cluster)}
+    plan = Plan([start, *phases], {**kept, **memory}, client,
                 cluster, assumptions=[*notes, *_assumptions(rates)])
     plan.warnings.extend(memory_warnings(plan, data, rates))
     return plan

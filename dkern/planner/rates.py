@@ -32,12 +32,13 @@ __all__ = ["RATES_FILE", "Rates", "load_rates", "rates_path", "save_rates"]
 #: The calibration's file name in the cache folder.
 RATES_FILE = "plan-rates.json"
 #: Bumped when a field changes meaning: an older file is then measured again.
-RATES_VERSION = 1
+RATES_VERSION = 2
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Measured rates of this machine (one thread unless named ``client_``).
+    """Measured rates of this machine (one thread while every core is busy, unless named
+    ``client_``).
 
     Attributes
     ----------
@@ -57,7 +58,8 @@ class Rates:
     client_bytes_per_s : float
         Bytes per second the client's triangular solves and matrix-vector products stream.
     start_seconds : float
-        Seconds from the command's start to a running embedded cluster (imports included).
+        Seconds of a command with no work: imports, the embedded cluster's start and stop,
+        the interpreter's exit.
     round_trip_seconds : float
         Seconds of one ``dask.compute`` of a one-task graph: a pass's fixed cost.
     task_seconds : float
