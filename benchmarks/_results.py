@@ -20,7 +20,8 @@ NAIVE_BLOCK_ROWS = 1000
 
 
 def machine() -> str:
-    """One line naming the machine, for the table headers."""
+    """One line naming the machine, for the table headers, with its speed now: the speed
+    probe, float64 GEMM and dkern's exp with every core busy (:func:`host_rates`)."""
     import psutil
 
     cpu = platform.processor() or platform.machine()
@@ -32,7 +33,7 @@ def machine() -> str:
     gib = psutil.virtual_memory().total / 2**30
     return (f"{cpu}, {os.cpu_count()} cores, {gib:.0f} GiB, Python {platform.python_version()}, "
             f"numpy {np.__version__}, {datetime.date.today().isoformat()}; speed probe "
-            f"{speed_probe():,.0f} M entries/s")
+            f"{speed_probe():,.0f} M entries/s; {host_rates()}")
 
 
 def speed_probe() -> float:
@@ -79,6 +80,30 @@ def naive_numpy_threaded(X: np.ndarray, Z: np.ndarray, v: np.ndarray, ell: float
 FUSED_EXP_FLOPS = 37
 
 
+def gemm_gflops(size: int = 1_500) -> float:
+    """float64 GEMM flops per second, every core busy: one single-threaded ``size``-square
+    product per core at once (as the workers run BLAS), best of 3."""
+    rng = np.random.default_rng(0)
+    cores = os.cpu_count() or 1
+    A = rng.standard_normal((cores, size, size))
+
+    def products(i: int) -> int:
+        with threadpool_limits(1, user_api="blas"):
+            A[i] @ A[i]
+        return 2 * size**3
+
+    _side_by_side(products, cores)  # warm-up
+    return max(flops / wall for flops, wall in
+               (_side_by_side(products, cores) for _ in range(3))) / 1e9
+
+
+def host_rates() -> str:
+    """This host's float64 GEMM and compiled-exp rates now, every core busy, as text."""
+    rates = peak_rates(0.2)
+    return (f"float64 GEMM {gemm_gflops():.0f} GFLOP/s, dkern's exp "
+            f"{rates['exp_per_s'] / 1e9:.2f} G/s ({os.cpu_count()} cores busy)")
+
+
 def peak_rates(seconds: float = 0.5) -> dict[str, float]:
     """This host's peak rates, every core busy: ``fma_gflops`` (float64 multiply-adds at 2
     flops, from benchmarks/_peak.c built by dkern's native machinery), ``exp_per_s``
@@ -100,7 +125,7 @@ def peak_rates(seconds: float = 0.5) -> dict[str, float]:
         rates["fma_gflops"] = 2 * lanes / wall / 1e9
     x = -np.linspace(0.0, 30.0, 16_384)  # 128 KiB: in L2, and a call's overhead is small
     out = np.empty((cores, x.size))  # written in place: a fresh array each call page-faults
-    per_call = 100
+    per_call = max(100, int(4_000 * seconds))  # calls a thread: long enough to time
 
     def exps(i: int) -> int:
         for _ in range(per_call):
