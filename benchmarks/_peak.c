@@ -2,15 +2,7 @@
  * to cover the latency of two units), compiled by dkern's native machinery with the flags
  * the fused loops get (benchmarks/_results.py, peak_rates). */
 #include <stddef.h>
-
-#if defined(__AVX512F__)
-#define VW 8
-#elif defined(__AVX__)
-#define VW 4
-#else
-#define VW 2
-#endif
-typedef double vec __attribute__((vector_size(VW * sizeof(double))));
+#include "../dkern/kernels/dkern_vec.h"
 enum { CHAINS = 10 };
 
 /* Runs `iterations` rounds of CHAINS vector multiply-adds; returns the lane multiply-adds

@@ -112,7 +112,7 @@ def peak_rates(seconds: float = 0.5) -> dict[str, float]:
     from dkern.kernels import fastexp, native
 
     lib = native.Native("peak_fma", Path(__file__).with_name("_peak.c"), "DKERN_PEAK",
-                        "no peak measurement")
+                        "no peak measurement", headers=(native.HERE / "dkern_vec.h",))
     fma, _ = native.load(lib, lambda library: library.dkern_peak_fma,
                          lambda function: (True, "a benchmark"))
     cores = os.cpu_count() or 1

@@ -39,7 +39,7 @@ __all__ = ["MAX_FEATURES", "log_sums_block_fused", "matvec_block_fused", "status
 MAX_FEATURES = 64
 LIBRARY = _native.Native("fused_gaussian", _native.HERE / "fused_gaussian.c",
                          "DKERN_FUSED_CPU", "BLAS tiles",
-                         headers=(_native.HERE / "dkern_exp.h",))
+                         headers=(_native.HERE / "dkern_exp.h", _native.HERE / "dkern_vec.h"))
 #: z is packed in blocks of this many rows (``PACK`` in fused_gaussian.c): the C loop reads
 #: whole vectors of 2 × 8 doubles (AVX-512's width; AVX2 and NEON read fewer).
 PAD = 16

@@ -20,21 +20,12 @@
 #include <stddef.h>
 #include <string.h>
 #include "dkern_exp.h"
+/* vec, VW doubles: the distances are written with vectors because the auto-vectoriser,
+ * given the loop over features inside the loop over columns, vectorises the features (a
+ * reduction per column) and loses the sums kept in registers across them. */
+#include "dkern_vec.h"
 
 enum { STRIP = 256, ROWS = 4, PACK = 16, PANEL_BYTES = 256 * 1024 };
-
-/* One hardware vector of doubles, by GCC's and Clang's vector extension: written out
- * because the auto-vectoriser, given the loop over features inside the loop over
- * columns, vectorises the features (a reduction per column) and loses the sums kept in
- * registers across them. A wider type than the hardware's is lowered through the stack. */
-#if defined(__AVX512F__)
-#define VW 8
-#elif defined(__AVX__)
-#define VW 4
-#else
-#define VW 2
-#endif
-typedef double vec __attribute__((vector_size(VW * sizeof(double))));
 
 static inline vec load(const double *p) { vec v; memcpy(&v, p, sizeof v); return v; }
 static inline void store(double *p, vec v) { memcpy(p, &v, sizeof v); }
