@@ -96,33 +96,6 @@ static inline void row_pointers(const double *x, ptrdiff_t n, ptrdiff_t d, ptrdi
     for (int r = 0; r < ROWS; r++) xr[r] = x + (i0 + r < n ? i0 + r : n - 1) * d;
 }
 
-/* out (n x t, row-major) += K(x, z) v: x (n x d), z packed as zP (module comment), vT
- * (t x ld) with ld >= m rounded up to PACK (the padding read, never used), w (d) or NULL,
- * c = -1/2 (times 1/l^2 for a scalar lengthscale, and the kernel's constant in scale). */
-void dkern_gaussian_matvec(const double *restrict x, const double *restrict zP,
-                           const double *restrict vT, const double *restrict w,
-                           ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
-                           double c, double scale, double *restrict out) {
-    double e[ROWS][STRIP];
-    const double *xr[ROWS], no_shift[ROWS] = {0.0};
-    ptrdiff_t panel = panel_columns(d);
-    for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
-        ptrdiff_t p1 = p0 + panel < m ? p0 + panel : m;
-        for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
-            row_pointers(x, n, d, i0, xr);
-            int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
-            for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
-                int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
-                if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
-                else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
-                exp_rows(e, cols, no_shift);
-                for (ptrdiff_t q = 0; q < t; q++)
-                    accumulate(e, cols, vT + q * ld + j0, scale, out + i0 * t + q, t, rows);
-            }
-        }
-    }
-}
-
 /* Raise each row's running maximum (out row r: [max log weight, sums...], stride apart)
  * to the strip's where that is larger, rescaling the row's sums (an online log-sum-exp);
  * shift[r] = the row's maximum after, by which the strip's weights are then scaled. */
@@ -146,6 +119,47 @@ static inline void raise_maxima(double e[ROWS][STRIP], int cols, double *out,
     }
 }
 
+/* The loop both entry points share: each panel of columns, each ROWS rows of x, each strip
+ * of the panel; the strip's c * distances, then (log_sums) the online log-sum-exp of
+ * dkern_gaussian_log_sums or (else) the product of dkern_gaussian_matvec. Inlined into each
+ * with log_sums a constant, so neither carries the other's branch. */
+static inline __attribute__((always_inline)) void walk_strips(
+        const double *x, const double *zP, const double *vT, const double *w, ptrdiff_t n,
+        ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t, double c, double scale,
+        double *out, int log_sums) {
+    double e[ROWS][STRIP], shift[ROWS] = {0.0};
+    const double *xr[ROWS];
+    ptrdiff_t panel = panel_columns(d), width = log_sums ? 1 + t : t;
+    for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
+        ptrdiff_t p1 = p0 + panel < m ? p0 + panel : m;
+        for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
+            row_pointers(x, n, d, i0, xr);
+            int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+            double *rows_out = out + i0 * width;
+            for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
+                int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
+                if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
+                else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
+                if (log_sums) raise_maxima(e, cols, rows_out, width, t, rows, shift);
+                exp_rows(e, cols, shift);
+                for (ptrdiff_t q = 0; q < t; q++)
+                    accumulate(e, cols, vT + q * ld + j0, scale, rows_out + log_sums + q, width,
+                               rows);
+            }
+        }
+    }
+}
+
+/* out (n x t, row-major) += K(x, z) v: x (n x d), z packed as zP (module comment), vT
+ * (t x ld) with ld >= m rounded up to PACK (the padding read, never used), w (d) or NULL,
+ * c = -1/2 (times 1/l^2 for a scalar lengthscale, and the kernel's constant in scale). */
+void dkern_gaussian_matvec(const double *restrict x, const double *restrict zP,
+                           const double *restrict vT, const double *restrict w,
+                           ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
+                           double c, double scale, double *restrict out) {
+    walk_strips(x, zP, vT, w, n, m, ld, d, t, c, scale, out, 0);
+}
+
 /* out (n x (1 + t)) = [max_j L_ij, sum_j e^(L_ij - max) vT[:, j]] per row, L = c * s:
  * the log-scaled weighted sums of kernel smoothing (an online log-sum-exp over strips);
  * out's rows start as [-inf, 0 ...] (the empty sum) or a previous call's result. */
@@ -153,24 +167,5 @@ void dkern_gaussian_log_sums(const double *restrict x, const double *restrict zP
                              const double *restrict vT, const double *restrict w,
                              ptrdiff_t n, ptrdiff_t m, ptrdiff_t ld, ptrdiff_t d, ptrdiff_t t,
                              double c, double *restrict out) {
-    double e[ROWS][STRIP], shift[ROWS];
-    const double *xr[ROWS];
-    ptrdiff_t panel = panel_columns(d);
-    for (ptrdiff_t p0 = 0; p0 < m; p0 += panel) {
-        ptrdiff_t p1 = p0 + panel < m ? p0 + panel : m;
-        for (ptrdiff_t i0 = 0; i0 < n; i0 += ROWS) {
-            row_pointers(x, n, d, i0, xr);
-            int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
-            for (ptrdiff_t j0 = p0; j0 < p1; j0 += STRIP) {
-                int cols = p1 - j0 < STRIP ? (int)(p1 - j0) : STRIP;
-                if (w) strip_logs(xr, zP, d, w, c, j0, cols, e);
-                else strip_logs(xr, zP, d, NULL, c, j0, cols, e);
-                double *rows_out = out + i0 * (1 + t);
-                raise_maxima(e, cols, rows_out, 1 + t, t, rows, shift);
-                exp_rows(e, cols, shift);
-                for (ptrdiff_t q = 0; q < t; q++)
-                    accumulate(e, cols, vT + q * ld + j0, 1.0, rows_out + 1 + q, 1 + t, rows);
-            }
-        }
-    }
+    walk_strips(x, zP, vT, w, n, m, ld, d, t, c, 1.0, out, 1);
 }
