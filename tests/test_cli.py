@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -469,6 +470,33 @@ def test_gp_fit_and_predict_std_equal_the_same_model_fitted_in_python(capsys, tm
                        "--out", "pred", "--std", *at)
     assert code == 1 and "['pred', 'pred_std']" in err and "pass --overwrite" in err
     np.testing.assert_array_equal(open_array(store, "pred_std").compute(), std)  # untouched
+
+
+@pytest.mark.distributed
+def test_sparse_gp_predict_of_1000_centres_without_the_large_graph_warning(capsys, tmp_path,
+                                                                           _session_cluster):
+    """The sparse GP's two 1,000 x 1,000 factors (16 MB) travel in the predict graph, past
+    distributed's 10 MB warning, which tells a command's user to scatter data they never
+    see; the command reports only graphs over 1 GB. The std still equals the same model's
+    in Python."""
+    rng = np.random.default_rng(3)
+    X, X_test = rng.uniform(-2, 2, (1_200, 2)), rng.uniform(-2, 2, (100, 2))
+    store, model = str(tmp_path / "s.zarr"), str(tmp_path / "m.zarr")
+    write_arrays(store, {"X": X, "y": np.sin(X[:, 0]), "X_test": X_test}, chunk_rows=600)
+    at = ["--scheduler", _session_cluster.scheduler.address]
+    code, _, _ = run(capsys, "fit", "--model-type", "gp", "--solver", "nystrom", "--centers",
+                     "1000", "--data", store, "--x", "X", "--y", "y", "--alpha", "0.1",
+                     "--model", model, *at)
+    assert code == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, _ = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",
+                         "--out", "pred", "--std", *at)
+    assert code == 0
+    assert not [w for w in caught if "large graph" in str(w.message)]
+    _, want = dkern.load(model).predict(X_test, return_std=True)
+    got = open_array(store, "pred_std").compute()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * want.max())
 
 
 @pytest.mark.distributed

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dask
 from distributed import KilledWorker
 
 from ..backends import BACKENDS
@@ -84,6 +85,14 @@ def solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
 # --- the cluster -----------------------------------------------------------------------
 
 
+#: distributed warns of graphs over 10 MB and advises scattering the data; the sparse GP's
+#: two M x M factors pass that from M = 800 (a million rows' default centres), and they go
+#: into the graph on purpose: once per pass, and recomputable after a lost worker, which
+#: scattered data is not. A command's user can do nothing about it, so only larger graphs
+#: are reported.
+LARGE_GRAPH_KEY, LARGE_GRAPH_WARNING = "distributed.admin.large-graph-warning-threshold", "1GB"
+
+
 @contextlib.contextmanager
 def cluster_client(args: argparse.Namespace) -> Iterator[Any]:
     """``dkern.connect`` for the run, closed (with its embedded cluster) after."""
@@ -99,7 +108,8 @@ def cluster_client(args: argparse.Namespace) -> Iterator[Any]:
     with _ctrl_c_ignored_by_new_processes():
         client = connect(args.scheduler, **kwargs)
     try:
-        yield client
+        with dask.config.set({LARGE_GRAPH_KEY: LARGE_GRAPH_WARNING}):
+            yield client
     finally:
         client.close()  # and the embedded cluster connect() started, if any
 
