@@ -151,22 +151,22 @@ def test_each_task_thread_and_the_main_one_may_keep_a_trim_threshold_of_heap():
         assert plan.worker_memory_bytes == sum(plan.worker_memory.values())
 
 
-def test_calibration_times_calls_side_by_side():
-    """With slots = 2 every timed round runs two calls at once: a barrier of two parties
-    passes only when both run together (one after the other it would time out)."""
-    import threading
-
+def test_calibration_times_a_call_while_forked_copies_run_it(tmp_path):
+    """With slots = 2 another process runs the same call while this one times it (each
+    call leaves a file named by its process), and none is left running after."""
     from dkern.planner.measure import best_seconds
 
-    barrier, calls = threading.Barrier(2, timeout=10), []
-
     def call():
-        calls.append(barrier.wait())
-        time.sleep(0.01)
+        (tmp_path / f"{os.getpid()}-{time.monotonic_ns()}").touch()
+        time.sleep(0.02)
 
-    seconds = best_seconds(call, repeats=2, slots=2)
-    assert len(calls) == 2 * 3  # the warm-up round and two timed rounds, two calls each
-    assert 0.01 <= seconds < 5
+    seconds = best_seconds(call, repeats=3, slots=2)
+    pids = {path.name.split("-")[0] for path in tmp_path.iterdir()}
+    assert str(os.getpid()) in pids and len(pids) == 2
+    assert 0.02 <= seconds < 5
+    after = len(list(tmp_path.iterdir()))
+    time.sleep(0.1)
+    assert len(list(tmp_path.iterdir())) == after  # the copy stopped with the timing
 
 
 def test_calibration_file_is_private_and_read_back(tmp_path, monkeypatch):

@@ -3,22 +3,23 @@
 Each figure is the best of a few runs of the very function a pass runs (the backend's
 block functions, a Zarr read, a ``dask.compute`` on the embedded cluster), at sizes that
 take well under a second, so the whole calibration takes seconds. Block functions are timed
-in this process with single-threaded BLAS, as a worker runs them, one call per core at once:
-a worker thread's rate while every core of the machine is busy, as in a pass (the cores
-share caches, memory bandwidth and the clock's boost; one call alone on an idle machine ran
-the sparse GP's blocks about a quarter faster than a pass did).
+in this process with single-threaded BLAS, as a worker runs them, while forked copies run
+the same call on the other cores: a worker thread's rate while every core of the machine is
+busy, as in a pass (the cores share caches, memory bandwidth and the clock's boost; one call
+alone on an idle machine ran the sparse GP's blocks about a quarter faster than a pass did).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,9 @@ STORE_ROWS, STORE_CHUNK_ROWS, STORE_D = 300_000, 100_000, 8
 #: Size of the client's timed GEMM and Cholesky.
 CLIENT_N = 2000
 REPEATS = 3
+#: How the copies that keep the other cores busy are started: a fork runs the very call,
+#: closures and all, without pickling it.
+FORK = "fork"
 #: The clock timings read: wall time. (A test on a shared host reads this process's CPU
 #: time instead, which other processes' load does not stretch.)
 clock: Callable[[], float] = time.perf_counter
@@ -49,11 +53,11 @@ clock: Callable[[], float] = time.perf_counter
 
 def best_seconds(fn: Callable[[], Any], repeats: int = REPEATS, *, slots: int = 1) -> float:
     """The least time (by ``clock``) of ``repeats`` calls of ``fn``, after a warm-up call;
-    with ``slots`` > 1, of ``slots`` calls at once on as many threads (the block functions
-    release the GIL in BLAS, numpy and the fused loop): one call's time beside the others."""
-    if slots > 1:
-        with ThreadPoolExecutor(slots) as pool:
-            return best_seconds(lambda: list(pool.map(lambda _: fn(), range(slots))), repeats)
+    with ``slots`` > 1, while ``slots - 1`` forked copies of this process call ``fn`` over
+    and over (:func:`busy_copies`): one call's time beside the others, as a pass runs it."""
+    if slots > 1 and FORK in multiprocessing.get_all_start_methods():
+        with busy_copies(fn, slots - 1):
+            return best_seconds(fn, repeats)
     fn()
     times = []
     for _ in range(repeats):
@@ -61,6 +65,33 @@ def best_seconds(fn: Callable[[], Any], repeats: int = REPEATS, *, slots: int = 
         fn()
         times.append(clock() - start)
     return min(times)
+
+
+@contextlib.contextmanager
+def busy_copies(fn: Callable[[], Any], copies: int) -> Iterator[None]:
+    """Within the block, ``copies`` forked processes call ``fn`` until it ends: the other
+    cores busy with the same work, as the other workers of a pass are. Processes, not
+    threads, as a pass's workers are: OpenBLAS serialises calls from the threads of one
+    process (two sparse-GP blocks on two threads took 1.9x one; benchmarks/RESULTS.md)."""
+    context = multiprocessing.get_context(FORK)
+    stop = context.Event()
+    processes = [context.Process(target=_call_until, args=(fn, stop), daemon=True)
+                 for _ in range(copies)]
+    for process in processes:
+        process.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():  # a call that would not end: not worth waiting for
+                process.kill()
+
+
+def _call_until(fn: Callable[[], Any], stop: Any) -> None:
+    while not stop.is_set():
+        fn()
 
 
 def calibrate(*, workers: int | None = None, backend: str = "auto") -> Rates:
