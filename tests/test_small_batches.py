@@ -274,3 +274,40 @@ def test_spatial_tiles_are_a_permutation_and_box_bounds_are_lower_bounds():
     bound = spatial.box_bounds(Q, low, high)
     D = ((Q[:, None] - rows[None]) ** 2).sum(-1).reshape(40, 20, 256).min(axis=2)
     assert (bound <= D).all() and (bound > 0.5 * D).mean() > 0.5
+
+
+def test_gp_predict_in_process_equals_the_cluster_and_scikit_learn(cluster_client, monkeypatch):
+    """The mean (every solver) and the std of the exact and Nyström posteriors run in this
+    process, with the cluster's numbers and scikit-learn's; the std of "cg" stays on the
+    cluster (its CG iterations are the client's)."""
+    from sklearn.gaussian_process import GaussianProcessRegressor as SkGPR
+    from sklearn.gaussian_process.kernels import RBF
+
+    X, y = _diabetes()
+    train, test, t = X[:300], X[300:], (y[:300] - y.mean()) / y.std()
+    exact = dkern.GaussianProcessRegressor(dkern.kernels.Gaussian(1.3), alpha=0.3,
+                                           optimizer=None, solver="exact",
+                                           backend="numpy").fit(train, t)
+    (mean, std), (mean_c, std_c) = _on_both_paths(
+        cluster_client, monkeypatch, lambda: exact.predict(test, return_std=True))
+    sk_mean, sk_std = SkGPR(RBF(1.3), alpha=0.3, optimizer=None).fit(train, t).predict(
+        test, return_std=True)
+    np.testing.assert_allclose(mean, sk_mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(std, sk_std, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(mean_c, mean)
+    np.testing.assert_array_equal(std_c, std)
+    sparse = dkern.GaussianProcessRegressor(dkern.kernels.Gaussian(1.3), alpha=0.3,
+                                            optimizer=None, n_centers=40, random_state=0,
+                                            backend="numpy").fit(train, t)
+    (mean, std), (mean_c, std_c) = _on_both_paths(
+        cluster_client, monkeypatch, lambda: sparse.predict(test, return_std=True))
+    np.testing.assert_allclose(mean_c, mean, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(std_c, std, rtol=1e-12, atol=1e-14)
+    cg = dkern.GaussianProcessRegressor(dkern.kernels.Gaussian(1.3), alpha=0.3, optimizer=None,
+                                        solver="cg", tol=1e-10, backend="numpy").fit(train, t)
+    mean, mean_c = _on_both_paths(cluster_client, monkeypatch, lambda: cg.predict(test))
+    np.testing.assert_allclose(mean, sk_mean, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(mean_c, mean)
+    before = _settled_transitions(cluster_client)
+    np.testing.assert_allclose(cg.predict(test, return_std=True)[1], sk_std, rtol=1e-5)
+    assert _transitions(cluster_client) > before, "the CG std did not run on the cluster"
