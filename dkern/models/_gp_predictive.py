@@ -41,6 +41,11 @@ class PosteriorPredictive:
     _posterior_here: Any
     _given_kernel: Any
     _targets: Any
+    solver_: str
+    variance_: str
+    X_train_: Any
+    alpha_: Any
+    centers_: Any
 
     @labelled_output("prediction", "std")
     @worker_failures()

@@ -345,7 +345,7 @@ def fitted_tiles(model: Any) -> FittedTiles | None:
             or checked_metric(model.metric, model.p) != ("minkowski", 2.0)):
         return None
     rows = as_rows(model.X_fit_, name="X_fit", check_finite=False)  # the search's chunks
-    order = rows.map_blocks(tile_order, dtype=np.int32, chunks=(rows.chunks[0], (1,)))
+    order = da.map_blocks(tile_order, rows, dtype=np.int32, chunks=(rows.chunks[0], (1,)))
     # in memory already: sorted on this process's threads, never shipped to a cluster
     return FittedTiles(rows.chunks[0], order.compute(scheduler="threads"))
 
