@@ -4,6 +4,8 @@
     python benchmarks/toolbox.py --queries 2000 --only knn    # issue 12's kNN target
     python benchmarks/toolbox.py --n 100000 --queries 1000    # a quick try
     python benchmarks/toolbox.py --source memory --queries 2000   # issue 28: small batches
+    python benchmarks/toolbox.py --source memory --only knn --queries 100000 \
+        --knn-references brute --query-range 0:20000 --no-write   # one slice of a long run
 
 dkern reads the training rows from a float64 Zarr store on an embedded LocalCluster
 (``dkern.connect()``), or with ``--source memory`` gets them in memory as scikit-learn
@@ -13,10 +15,13 @@ exact: atol = rtol = 0) and a blocked numpy KDE (the log-sum-exp of the dense bl
 1,000 query rows at a time (fewer past 16,777 training rows: 128 MiB a block), threaded
 over the cores, BLAS on one thread each); the same
 numpy loop for Nadaraya–Watson; ``KNeighborsRegressor`` brute force (``n_jobs`` = the
-cores) and its default (``algorithm="auto"``: a k-d tree here). Where the tree KDE would
-take too long at full size, both run at ``--sk-n`` training rows as well, so every ratio
-compares the two at the same size in the same run. Prints a table and rewrites its
-section of benchmarks/RESULTS.md.
+cores) and its default (``algorithm="auto"``: a k-d tree here), with a row for the fits
+(dkern orders in-memory rows into tiles there, scikit-learn builds its tree). Where the
+tree KDE would take too long at full size, both run at ``--sk-n`` training rows as well,
+so every ratio compares the two at the same size in the same run. ``--query-range``
+times the rows ``A:B`` of the ``--queries`` query rows only (the same rows as in the full
+set), so a reference too slow for one run can be timed in slices. Prints a table and
+rewrites its section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -119,22 +124,31 @@ def compare(name, ours, references, sizes, n_ref):
     return rows
 
 
-def knn(rows, X, t, Q, n_check=2_000):
+#: scikit-learn's kNN searches by ``--knn-references`` name: label and options.
+KNN_REFERENCES = {"brute": ("`algorithm='brute'`", {"algorithm": "brute",
+                                                    "n_jobs": os.cpu_count()}),
+                  "auto": ("default `algorithm='auto'`", {})}
+
+
+def knn(rows, X, t, Q, references=tuple(KNN_REFERENCES), n_check=2_000):
     """dkern's exact kNN regression against scikit-learn's brute force (on every core) and
     its default search, all three timed on ``predict`` (the neighbour search and the mean
-    of k targets); the indices are compared on the first ``n_check`` queries
+    of k targets), and a row for the fits (dkern's against the default's: brute force
+    only stores the rows); the indices are compared on the first ``n_check`` queries
     (``kneighbors``, untimed)."""
     from sklearn.neighbors import KNeighborsRegressor
 
     n = len(X)
-    model = dkern.KNeighborsRegressor(n_neighbors=K).fit(rows, t)
+    t_fit, model = timed(dkern.KNeighborsRegressor(n_neighbors=K).fit, rows, t)
     t_ours, got = timed(model.predict, Q)
     same = model.kneighbors(Q[:n_check])[1]
     out = []
-    for label, options in [("`algorithm='brute'`", {"algorithm": "brute",
-                                                     "n_jobs": os.cpu_count()}),
-                           ("default `algorithm='auto'`", {})]:
-        reference = KNeighborsRegressor(n_neighbors=K, **options).fit(X, t)
+    for name in references:
+        label, options = KNN_REFERENCES[name]
+        t_sk_fit, reference = timed(KNeighborsRegressor(n_neighbors=K, **options).fit, X, t)
+        if name == "auto":
+            out.append((f"KNeighborsRegressor fit, k = {K} (scikit-learn {label}: its tree; "
+                        "dkern: the rows' tile order)", n, t_fit, t_sk_fit, None))
         t_sk, ref = timed(reference.predict, Q)
         equal = float((same == reference.kneighbors(Q[:n_check])[1]).mean())
         out.append((f"KNeighborsRegressor, k = {K} (scikit-learn {label}; indices equal "
@@ -153,12 +167,19 @@ def main() -> None:
                         default=["kde", "nw", "knn"])
     parser.add_argument("--source", choices=["zarr", "memory"], default="zarr",
                         help="dkern's training rows: a Zarr store, or numpy in memory")
+    parser.add_argument("--knn-references", nargs="+", choices=list(KNN_REFERENCES),
+                        default=list(KNN_REFERENCES), help="scikit-learn's kNN searches timed")
+    parser.add_argument("--query-range", metavar="A:B",
+                        help="time the query rows A:B of the --queries rows only")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     X = rng.uniform(-2, 2, size=(args.n, 8))
     t = np.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2
     Q = rng.uniform(-2, 2, size=(args.queries, 8))
+    if args.query_range:
+        start, stop = (int(v) for v in args.query_range.split(":"))
+        Q = Q[start:stop]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, dkern.connect():
         url = str(Path(tmp) / "toolbox.zarr")
@@ -182,7 +203,7 @@ def main() -> None:
                               lambda n: numpy_nadaraya_watson(X[:n], t[:n], Q, BANDWIDTH),
                               n_ref)], sizes, n_ref)
         if "knn" in args.only:
-            rows += knn(source(args.n), X, t, Q)
+            rows += knn(source(args.n), X, t, Q, args.knn_references)
     where = "from Zarr" if args.source == "zarr" else "in memory"
     table = markdown_table(
         ["method (reference)", "training rows", f"dkern {where} (s)", "reference (s)",
@@ -193,13 +214,16 @@ def main() -> None:
     data = ("reading a float64 Zarr store in chunks of 62,500 rows" if args.source == "zarr"
             else "given the rows in memory, as the references")
     option = "" if args.source == "zarr" else " --source memory"
+    rows_used = (f"{len(Q):,} query rows" if not args.query_range else
+                 f"the query rows {args.query_range} of {args.queries:,}")
     body = (f"## Toolbox (`benchmarks/toolbox.py{option}`)\n\nMachine: {machine()}.\n\n"
-            f"d = 8, {args.queries:,} query rows, bandwidth {BANDWIDTH}; dkern on "
+            f"d = 8, {rows_used}, bandwidth {BANDWIDTH}; dkern on "
             f"`dkern.connect()` (embedded LocalCluster, 2 workers) {data}; references in "
             f"memory, threaded over {os.cpu_count()} cores where they can be.\n\n{table}\n")
     print(body)
     if not args.no_write:
-        suffix = "" if args.source == "zarr" else "-memory"
+        suffix = ("" if args.source == "zarr" else "-memory") + (
+            f"-rows-{args.query_range.replace(':', '-')}" if args.query_range else "")
         update_section(f"toolbox-{'-'.join(args.only)}-{args.queries}{suffix}", body)
 
 

@@ -6,12 +6,14 @@ cluster (the in-process cap set to 0); the scheduler's transition counter shows 
 the cluster was used at all.
 """
 
+import threading
 import time
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
+from distributed import futures_of
 from scipy.special import logsumexp
 from sklearn.datasets import load_diabetes
 from sklearn.neighbors import NearestNeighbors
@@ -20,7 +22,7 @@ import dkern
 from dkern.backends import neighbors, spatial
 from dkern.io import write_array
 from dkern.operators import in_process as in_process_module
-from dkern.operators.in_process import in_process
+from dkern.operators.in_process import in_process, pass_scheduler
 
 
 def _transitions(client):
@@ -135,12 +137,94 @@ def test_zarr_training_rows_stay_on_the_cluster(cluster_client, tmp_path):
 def test_in_process_only_for_in_memory_inputs_under_a_remote_scheduler(cluster_client):
     small, lazy = np.zeros((3, 2)), da.zeros((3, 2), chunks=1)
     with in_process(100, small, None, name="t") as local:
-        assert local and dask.config.get("scheduler") == "threads"
+        assert local and pass_scheduler() == "threads"
+    assert pass_scheduler() is None
     for args in [(100, small, lazy), (2**40, small), (100, small, ("file.zarr", "X"))]:
         with in_process(*args, name="t") as local:
-            assert not local
+            assert not local and pass_scheduler() is None
     with dask.config.set(scheduler="synchronous"), in_process(100, small, name="t") as local:
         assert not local and dask.config.get("scheduler") == "synchronous"
+
+
+def test_in_process_leaves_other_threads_on_the_cluster(cluster_client):
+    """The block is per call: dask's configuration is untouched, and another thread that
+    computes and persists meanwhile still uses the cluster (its persisted array is held
+    there, as futures), while this thread's pass scheduler is the threads."""
+    entered, done, seen = threading.Event(), threading.Event(), {}
+
+    def other():
+        assert entered.wait(30)
+        seen["scheduler"], before = pass_scheduler(), _transitions(cluster_client)
+        seen["sum"] = int(da.arange(10, chunks=5).sum().compute())
+        seen["futures"] = len(futures_of(dask.persist(da.ones(4, chunks=2))[0]))
+        seen["transitions"] = _transitions(cluster_client) - before
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with in_process(100, np.zeros((3, 2)), name="t") as local:
+        entered.set()
+        finished = done.wait(60)
+        assert local and pass_scheduler() == "threads"
+        configured = dask.config.get("scheduler")
+    thread.join(60)
+    assert finished, "the other thread did not finish"
+    assert seen == {"scheduler": None, "sum": 45, "futures": 2, "transitions": seen["transitions"]}
+    assert seen["transitions"] > 0, "the other thread's work did not reach the cluster"
+    assert configured is cluster_client
+
+
+def test_nearest_block_given_any_row_order_equals_the_sorted_search(monkeypatch):
+    """The order a fit keeps (tile_order), or any other permutation of the block's rows,
+    gives the search's result: (distance, index) order, exact distances; an order of
+    another block's length is refused."""
+    monkeypatch.setattr(neighbors, "TILE", (64, 128))
+    rng = np.random.default_rng(7)
+    Z = rng.integers(-4, 5, size=(1000, 3)).astype(np.float64)
+    Z[::89] *= 1e3
+    X = rng.integers(-4, 5, size=(150, 3)).astype(np.float64)
+    limit = neighbors.sample_bound(X, Z[:64], k=6)
+    index = np.arange(40, 1040)[:, None]
+    order = neighbors.tile_order(Z)
+    assert order.shape == (1000, 1) and order.dtype == np.int32
+    np.testing.assert_array_equal(order[:, 0], spatial.spatial_order(Z, 128)[1])
+    ref_dist, ref_ind = _exact_order(Z, X, 6)
+    for given in (None, order, np.arange(1000, dtype=np.int32)[::-1, None]):
+        sq, ind = neighbors.nearest_block(X, Z, limit, index, given, k=6)
+        np.testing.assert_array_equal(ind, ref_ind + 40)
+        np.testing.assert_array_equal(np.sqrt(sq), ref_dist)
+    with pytest.raises(ValueError, match="order must give the tile order of z's 1000 rows"):
+        neighbors.nearest_block(X, Z, limit, index, order[:-1], k=6)
+
+
+def test_knn_fit_orders_the_tiles_once_and_a_loaded_model_reuses_them(monkeypatch, tmp_path):
+    """In-memory training rows are ordered into tiles at fit (and when a saved model is
+    loaded): searches gather by that order and never sort, with the exact k nearest.
+    Dask rows keep no order (each block sorts where it runs)."""
+    monkeypatch.setattr(neighbors, "TILE", (64, 128))
+    rng = np.random.default_rng(8)
+    X = rng.integers(-3, 4, size=(5000, 3)).astype(np.float64)  # ties
+    Q = rng.integers(-3, 4, size=(200, 3)) + 0.5 * (np.arange(200) % 2)[:, None]
+    model = dkern.KNeighborsRegressor(n_neighbors=6, backend="numpy").fit(X, X[:, 1])
+    assert model._tiles.chunks == (2500, 2500) and model._tiles.order.shape == (5000, 1)
+    lazy = dkern.KNeighborsRegressor(n_neighbors=6, backend="numpy").fit(
+        da.from_array(X, chunks=1000), X[:, 1])
+    assert lazy._tiles is None
+    ref_dist, ref_ind = _exact_order(X, Q, 6)
+    np.testing.assert_array_equal(lazy.kneighbors(Q)[1], ref_ind)
+    dkern.save(model, str(tmp_path / "knn.zarr"))
+    loaded = dkern.load(str(tmp_path / "knn.zarr"))
+    np.testing.assert_array_equal(loaded._tiles.order, model._tiles.order)
+
+    def sorted_again(*args, **kwargs):
+        raise AssertionError("a search sorted the training rows again")
+
+    monkeypatch.setattr(neighbors, "spatial_order", sorted_again)
+    for fitted in (model, loaded):
+        dist, ind = fitted.kneighbors(Q)
+        np.testing.assert_array_equal(ind, ref_ind)
+        np.testing.assert_array_equal(dist, ref_dist)
+        np.testing.assert_allclose(fitted.predict(Q), X[ref_ind, 1].mean(axis=1), rtol=1e-14)
 
 
 @pytest.mark.parametrize("tile, product_rows", [((64, 128), 16), ((8192, 1024), 1024)])
@@ -190,3 +274,40 @@ def test_spatial_tiles_are_a_permutation_and_box_bounds_are_lower_bounds():
     bound = spatial.box_bounds(Q, low, high)
     D = ((Q[:, None] - rows[None]) ** 2).sum(-1).reshape(40, 20, 256).min(axis=2)
     assert (bound <= D).all() and (bound > 0.5 * D).mean() > 0.5
+
+
+def test_gp_predict_in_process_equals_the_cluster_and_scikit_learn(cluster_client, monkeypatch):
+    """The mean (every solver) and the std of the exact and Nyström posteriors run in this
+    process, with the cluster's numbers and scikit-learn's; the std of "cg" stays on the
+    cluster (its CG iterations are the client's)."""
+    from sklearn.gaussian_process import GaussianProcessRegressor as SkGPR
+    from sklearn.gaussian_process.kernels import RBF
+
+    X, y = _diabetes()
+    train, test, t = X[:300], X[300:], (y[:300] - y.mean()) / y.std()
+    exact = dkern.GaussianProcessRegressor(dkern.kernels.Gaussian(1.3), alpha=0.3,
+                                           optimizer=None, solver="exact",
+                                           backend="numpy").fit(train, t)
+    (mean, std), (mean_c, std_c) = _on_both_paths(
+        cluster_client, monkeypatch, lambda: exact.predict(test, return_std=True))
+    sk_mean, sk_std = SkGPR(RBF(1.3), alpha=0.3, optimizer=None).fit(train, t).predict(
+        test, return_std=True)
+    np.testing.assert_allclose(mean, sk_mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(std, sk_std, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(mean_c, mean)
+    np.testing.assert_array_equal(std_c, std)
+    sparse = dkern.GaussianProcessRegressor(dkern.kernels.Gaussian(1.3), alpha=0.3,
+                                            optimizer=None, n_centers=40, random_state=0,
+                                            backend="numpy").fit(train, t)
+    (mean, std), (mean_c, std_c) = _on_both_paths(
+        cluster_client, monkeypatch, lambda: sparse.predict(test, return_std=True))
+    np.testing.assert_allclose(mean_c, mean, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(std_c, std, rtol=1e-12, atol=1e-14)
+    cg = dkern.GaussianProcessRegressor(dkern.kernels.Gaussian(1.3), alpha=0.3, optimizer=None,
+                                        solver="cg", tol=1e-10, backend="numpy").fit(train, t)
+    mean, mean_c = _on_both_paths(cluster_client, monkeypatch, lambda: cg.predict(test))
+    np.testing.assert_allclose(mean, sk_mean, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(mean_c, mean)
+    before = _settled_transitions(cluster_client)
+    np.testing.assert_allclose(cg.predict(test, return_std=True)[1], sk_std, rtol=1e-5)
+    assert _transitions(cluster_client) > before, "the CG std did not run on the cluster"

@@ -35,7 +35,7 @@ from .spatial import box_bounds, spatial_order, tile_boxes
 
 __all__ = ["HIT", "PAD_INDEX", "best_k", "merge_hits", "merge_neighbors", "metric_distances",
            "nearest_block", "nearest_block_metric", "neighbors_dtype", "sample_bound_metric",
-           "within_radius_block"]
+           "tile_order", "within_radius_block"]
 
 #: The index of an empty slot (fewer than k rows seen): sorts after every real index.
 PAD_INDEX = np.iinfo(np.int64).max
@@ -62,8 +62,22 @@ def neighbors_dtype(k: int) -> np.dtype:
     return np.dtype([("sq", np.float64, (k,)), ("index", np.int64, (k,))])
 
 
-def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
-                  k: int) -> tuple[np.ndarray, np.ndarray]:
+def tile_order(z: np.ndarray) -> np.ndarray:
+    """The positions of a training block's rows in the order :func:`nearest_block` groups
+    them into tiles; shape (m, 1), int32.
+
+    A model computes it once per training chunk at fit and passes it back with every
+    search (``order``), so the blocks gather their rows instead of sorting them again.
+    """
+    if len(z) >= 2**31:
+        raise ValueError(f"tile_order takes blocks of fewer than 2**31 rows (int32 "
+                         f"positions); got {len(z)}. Use smaller row chunks.")
+    order = spatial_order(np.asarray(z, dtype=np.float64), TILE[1])[1]
+    return order.astype(np.int32)[:, None]
+
+
+def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray,
+                  order: np.ndarray | None = None, *, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest rows of z to each row of x, by exact squared distance, then index,
     among those within ``limit``.
 
@@ -84,6 +98,10 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
         so every block starts its search with it rather than from scratch.
     index : ndarray of shape (m, 1)
         z's global row indices (int64).
+    order : ndarray of shape (m, 1), optional
+        :func:`tile_order` of z, kept from an earlier call (a model's fit); None: the
+        rows are sorted here. Any permutation gives the same result: the order only
+        decides which rows share a tile, and so how many are skipped.
     k : int
 
     Returns
@@ -99,7 +117,15 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
     if len(z) == 0:
         return best_sq, best_idx
     tile_rows, tile_cols = TILE
-    z, by_place = spatial_order(z, tile_cols)  # compact tiles of tile_cols rows
+    if order is None:
+        z, by_place = spatial_order(z, tile_cols)  # compact tiles of tile_cols rows
+    elif len(order) != len(z):
+        raise ValueError(f"order must give the tile order of z's {len(z)} rows (tile_order "
+                         f"of this block); got {len(order)} positions. Pass the order of "
+                         "the same chunk, or None.")
+    else:
+        by_place = order[:, 0]
+        z = z.take(by_place, axis=0)  # several times faster than z[by_place] here
     index = np.asarray(index, dtype=np.int64)[by_place, 0]
     xa, za, hx, rel = _augmented(x, z)
     train = _Tiles(z, np.ascontiguousarray(za.T), index, *tile_boxes(z, tile_cols), rel)

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..errors import StoreError
 from ..io import is_store_ref, write_arrays
+from ..operators.in_process import pass_scheduler
 from ._labels import written_dims
-from ._validation import as_float64, existing_arrays, in_memory
+from ._validation import as_float64, existing_arrays
 
 
 @dataclass(frozen=True)
@@ -99,18 +100,25 @@ def predictive(posterior: Any, targets: TargetScaling, Xt: Any, return_std: bool
         if out is not None:
             write_prediction(out, mean, None, overwrite)
             return out
-        return mean if lazy else in_memory(mean)
+        return mean if lazy else _computed(mean)
     latent, var = posterior.mean_and_variance(Xt)
     mean = targets.mean_of(latent)
     if isinstance(var, da.Array) and not lazy and out is None:  # one pass (SGPR)
-        mean, var = dask.compute(mean, var)
+        mean, var = dask.compute(mean, var, scheduler=pass_scheduler())
     sqrt = da.sqrt if isinstance(var, da.Array) else np.sqrt
     mean = targets.squeezed(mean, ndim=2)
     std = targets.squeezed(targets.scaled(sqrt(var), power=1), ndim=2)
     if out is not None:
         write_prediction(out, mean, std, overwrite)
         return out
-    return (mean, std) if lazy else (in_memory(mean), std)
+    return (mean, std) if lazy else (_computed(mean), std)
+
+
+def _computed(a: Any) -> np.ndarray:
+    """``a`` as a float64 numpy array, a dask array computed by the scheduler of the pass
+    (:func:`~dkern.operators.in_process.pass_scheduler`)."""
+    return np.asarray(a.compute(scheduler=pass_scheduler()) if isinstance(a, da.Array) else a,
+                      dtype=np.float64)
 
 
 def draws(mean: np.ndarray, cov: np.ndarray, n_samples: int,

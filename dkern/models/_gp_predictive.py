@@ -2,6 +2,12 @@
 latent standard deviation or covariance, and draws, in the units of y; the prior's before
 ``fit``.
 
+A prediction for a few thousand in-memory rows runs in this process
+(:mod:`dkern.operators.in_process`), as ``KernelRidge.predict`` does: the mean is one pass
+over the training rows (the centres for ``"nystrom"``), and so is the std of the exact
+and Nyström posteriors. The std of ``"cg"`` and ``"lanczos"`` stays on the client in use:
+it runs solver iterations whose dask calls are that client's.
+
 :class:`PosteriorPredictive` is a base of :class:`~dkern.models.GaussianProcessRegressor`:
 it asks the estimator's posterior (``_posterior_here()``) and undoes its target scaling
 (``_targets``, :mod:`._gp_outputs`).
@@ -9,6 +15,7 @@ it asks the estimator's posterior (``_posterior_here()``) and undoes its target 
 
 from __future__ import annotations
 
+import contextlib
 from numbers import Integral
 from typing import Any
 
@@ -18,6 +25,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..io import Rows, is_store_ref
+from ..operators.in_process import in_process
 from ._gp_outputs import draws, predictive
 from ._labels import labelled_output
 from ._validation import as_float64, check_out_is_not_input, check_X, in_memory
@@ -33,6 +41,11 @@ class PosteriorPredictive:
     _posterior_here: Any
     _given_kernel: Any
     _targets: Any
+    solver_: str
+    variance_: str
+    X_train_: Any
+    alpha_: Any
+    centers_: Any
 
     @labelled_output("prediction", "std")
     @worker_failures()
@@ -86,7 +99,20 @@ class PosteriorPredictive:
         if return_cov:
             _check_cov_size(Xw.shape[0])
             return self._mean_and_covariance(Xw)
-        return predictive(self._posterior_here(), self._targets, Xw, return_std, out, overwrite)
+        posterior = self._posterior_here()
+        with self._small_pass(Xw, return_std, out):
+            return predictive(posterior, self._targets, Xw, return_std, out, overwrite)
+
+    def _small_pass(self, Xt: Any, return_std: bool,
+                    out: Any) -> contextlib.AbstractContextManager[bool]:
+        """:func:`~dkern.operators.in_process.in_process` for a prediction at Xt (m, d):
+        the mean's pass over the training rows or centres, and the std where it is the
+        same kind of pass (module docstring)."""
+        if return_std and self.variance_ not in ("exact", "nystrom"):
+            return contextlib.nullcontext(False)
+        held = self.centers_ if self.solver_ == "nystrom" else self.X_train_
+        # a store to write (out) is written where the work runs: the workers' file system
+        return in_process(len(Xt) * len(held), Xt, held, self.alpha_, out, name="dk-gp-predict")
 
     def _mean_and_covariance(self, Xt: Any) -> tuple[np.ndarray, np.ndarray]:
         """Mean (m,) or (m, t) and covariance (m, m) or (m, m, t) in the units of y."""

@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels import Gaussian, Kernel
 from ..kernels.profiles import PROFILES, RadialProfile
 from ..operators import data_rows
-from ..operators.in_process import in_process
+from ..operators.in_process import in_process, pass_scheduler
 from ..operators.reductions import kernel_log_sums
 from ._validation import finite_number
 
@@ -68,7 +68,7 @@ def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel
         T = targets.reshape(targets.shape[0], -1).astype(np.float64).rechunk((X.chunks[0], -1))
     elif targets is not None:  # sent to the workers once, like data_rows' in-memory rows
         (T,) = dask.persist(da.from_array(np.asarray(targets, dtype=np.float64).reshape(
-            len(targets), -1), chunks=(X.chunks[0], -1)))
+            len(targets), -1), chunks=(X.chunks[0], -1)), scheduler=pass_scheduler())
     return kernel_log_sums(Q, X, T, kernel=kernel, box_width=1.0 if box else None,
                            scale=bandwidth, name=name, backend=backend)
 
@@ -82,4 +82,4 @@ def in_process_when_small(queries: Any, training: Any, *others: Any,
 
 def finish(result: da.Array, lazy: bool) -> Any:
     """A numpy result for in-memory queries, the dask array for lazy ones."""
-    return result if lazy else result.compute()
+    return result if lazy else result.compute(scheduler=pass_scheduler())

@@ -18,7 +18,7 @@ from ..errors import NotPositiveDefiniteError
 from ..io import Rows, is_store_ref, write_array
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
-from ..operators.in_process import in_process
+from ..operators.in_process import in_process, pass_scheduler
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
@@ -317,7 +317,9 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
                                        backend=self.backend).mean(Xv)
             if out is not None:
                 return _write_predictions(pred, out, overwrite)
-            return pred.compute() if isinstance(Xv, np.ndarray) else pred
+            if isinstance(Xv, np.ndarray):
+                return pred.compute(scheduler=pass_scheduler())
+            return pred
 
     # ------------------------------------------------------------------ fitting
     def _resolve_solver(self, solver: str, n: int) -> str:

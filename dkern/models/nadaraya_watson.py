@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows, is_lazy
+from ..operators.in_process import pass_scheduler
 from . import _smoothing
 from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile
@@ -125,7 +126,7 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
                 pred = pred[:, 0]
             if is_lazy(X):
                 return pred
-            out = pred.compute()
+            out = pred.compute(scheduler=pass_scheduler())
         missing = int(np.isnan(out.reshape(len(out), -1)[:, 0]).sum())
         if missing:
             warnings.warn(f"NadarayaWatson: {missing} of {len(out)} rows of X have no training "

@@ -1,9 +1,18 @@
-"""Exact k-nearest-neighbour classification and regression over the row chunks."""
+"""Exact k-nearest-neighbour classification and regression over the row chunks.
+
+The Euclidean search on numpy's backend groups each training chunk's rows into tiles of
+nearby rows (:mod:`dkern.backends.spatial`). For training rows held in memory the fit
+computes that grouping once, as each chunk's row order (4 bytes a row, not a second copy
+of the rows), and every search passes it to its blocks instead of sorting again; a loaded
+model computes it when it is read back. Dask or Zarr rows are read where the work runs,
+chunk by chunk, and their blocks still sort per call (an order held here for rows that
+may not fit here, and a pass over them at fit, would defeat their laziness).
+"""
 
 from __future__ import annotations
 
 from numbers import Integral
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask
 import dask.array as da
@@ -14,9 +23,10 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..backends import resolve_backend
-from ..io import Rows
+from ..backends.neighbors import tile_order
+from ..io import Rows, as_rows
 from ..operators import data_rows, pairwise_rows
-from ..operators.in_process import in_process
+from ..operators.in_process import in_process, pass_scheduler
 from ..operators.reductions import nearest_neighbors
 from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState, FileLayout, ModelFile, samples_dim
@@ -72,7 +82,23 @@ class _Neighbors(DeclaredState, BaseEstimator):
 
     def _fit_rows(self, X: Any) -> np.ndarray | da.Array:
         _check_k(self.n_neighbors)
-        return held_rows(self, X)
+        Xv = held_rows(self, X)
+        self._tiles = fitted_tiles(self)
+        return Xv
+
+    def _set_file_state(self, state: dict[str, Any]) -> None:
+        super()._set_file_state(state)
+        self._tiles = fitted_tiles(self)  # derived from X_fit_, so not in the file
+
+    def _tile_order(self, training: da.Array, backend: str, metric: str,
+                    p: float) -> da.Array | None:
+        """The fit's tile order of ``training`` (``X_fit_``'s rows as the search reads
+        them), chunked like it; None where the search sorts its blocks itself."""
+        tiles = getattr(self, "_tiles", None)
+        if (tiles is None or tiles.chunks != training.chunks[0] or backend != "numpy"
+                or (metric, p) != ("minkowski", 2.0)):
+            return None
+        return da.from_array(tiles.order, chunks=(tiles.chunks, 1))
 
     @labelled_output("distance", "index", column_dim="neighbor")
     @worker_failures()
@@ -105,17 +131,18 @@ class _Neighbors(DeclaredState, BaseEstimator):
                              f"{' (the query is the training data itself)' if itself else ''}."
                              " Ask for fewer neighbours.")
         metric, p = checked_metric(self.metric, self.p)
+        backend = resolve_backend(self.backend)
         with in_process(Xv.shape[0] * self.n_samples_fit_, Xv, self.X_fit_, name="dk-knn"):
-            dist, ind = nearest_neighbors(data_rows(Xv, name="X"),
-                                          data_rows(self.X_fit_, name="X_fit"), k + itself,
-                                          backend=resolve_backend(self.backend), metric=metric,
-                                          p=p)
+            training = data_rows(self.X_fit_, name="X_fit")
+            dist, ind = nearest_neighbors(data_rows(Xv, name="X"), training, k + itself,
+                                          backend=backend, metric=metric, p=p,
+                                          order=self._tile_order(training, backend, metric, p))
             if itself:
                 rows = da.arange(ind.shape[0], chunks=ind.chunks[0])[:, None]
                 dist, ind = _drop_self(dist, ind, rows)
             out = (dist, ind) if return_distance else (ind,)
             if not isinstance(Xv, da.Array):  # together: apart, the search would run twice
-                out = dask.compute(*out)
+                out = dask.compute(*out, scheduler=pass_scheduler())
         return out if return_distance else out[0]
 
     def kneighbors_graph(self, X: Rows | None = None, n_neighbors: int | None = None,
@@ -301,6 +328,26 @@ def held_rows(model: Any, X: Any) -> np.ndarray | da.Array:
     model.X_fit_ = X if isinstance(X, da.Array) else Xv
     model.n_samples_fit_ = int(Xv.shape[0])
     return Xv
+
+
+class FittedTiles(NamedTuple):
+    """In-memory training rows' tile order: per row chunk of ``chunks``, its
+    :func:`~dkern.backends.neighbors.tile_order`, in one (n, 1) int32 array."""
+
+    chunks: tuple[int, ...]
+    order: np.ndarray
+
+
+def fitted_tiles(model: Any) -> FittedTiles | None:
+    """The tile order of a fitted kNN model's ``X_fit_`` in memory, for numpy's Euclidean
+    search; None for dask or Zarr rows and other metrics or backends."""
+    if (not isinstance(model.X_fit_, np.ndarray) or resolve_backend(model.backend) != "numpy"
+            or checked_metric(model.metric, model.p) != ("minkowski", 2.0)):
+        return None
+    rows = as_rows(model.X_fit_, name="X_fit", check_finite=False)  # the search's chunks
+    order = da.map_blocks(tile_order, rows, dtype=np.int32, chunks=(rows.chunks[0], (1,)))
+    # in memory already: sorted on this process's threads, never shipped to a cluster
+    return FittedTiles(rows.chunks[0], order.compute(scheduler="threads"))
 
 
 def held_targets(model: Any, X: Any, y: Any) -> Any:

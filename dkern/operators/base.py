@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 
 from ..io import as_rows, is_lazy
+from .in_process import pass_scheduler
 from .memory import check_row_chunks
 
 
@@ -30,7 +31,7 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
     check_row_chunks(Xd, name)
     if is_lazy(X):
         return Xd
-    (Xd,) = dask.persist(Xd)
+    (Xd,) = dask.persist(Xd, scheduler=pass_scheduler())  # here, in an in-process pass
     return Xd
 
 

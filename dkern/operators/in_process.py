@@ -8,6 +8,12 @@ every input is in memory and the pass is small, :func:`in_process` runs the same
 threaded scheduler: a pool of one thread per core in this process, each block with BLAS
 on one thread as the backends arrange. Dask and Zarr inputs always go to the scheduler
 in use (their chunks are read where the work runs, never gathered here).
+
+The choice is per call, not global: the block sets a context variable that the pass's
+own dask calls read (``dask.compute(..., scheduler=pass_scheduler())``), so another
+thread of this process computing at the same time keeps its scheduler. (``dask.config``
+is one dict for the whole process: setting its scheduler there would move that thread's
+work too, and a ``persist`` there would keep its results here rather than on the cluster.)
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import dask
@@ -24,7 +31,7 @@ import dask.threaded
 import numpy as np
 from dask.base import get_scheduler
 
-__all__ = ["IN_PROCESS_PAIRS", "in_process"]
+__all__ = ["IN_PROCESS_PAIRS", "in_process", "pass_scheduler"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +44,21 @@ IN_PROCESS_PAIRS = 2**31
 #: dask's own schedulers, which already run where they are called (or were chosen as such).
 _LOCAL = (dask.threaded.get, dask.local.get_sync, dask.multiprocessing.get)
 
+#: The scheduler of the in-process pass running in this context (thread); None: none.
+_PASS_SCHEDULER: ContextVar[str | None] = ContextVar("dkern_pass_scheduler", default=None)
+
+
+def pass_scheduler() -> str | None:
+    """The ``scheduler=`` of a dask call made by a pass: ``"threads"`` inside an
+    :func:`in_process` block that runs in this process, None (dask's default, the client
+    in use) anywhere else, and in every other thread."""
+    return _PASS_SCHEDULER.get()
+
 
 @contextlib.contextmanager
 def in_process(pairs: float, *arrays: Any, name: str) -> Iterator[bool]:
-    """Within the block, dask computes on this process's threads when the pass is small.
+    """Within the block, the pass's dask calls compute on this process's threads when it
+    is small: they pass ``scheduler=pass_scheduler()``.
 
     Parameters
     ----------
@@ -71,5 +89,8 @@ def in_process(pairs: float, *arrays: Any, name: str) -> Iterator[bool]:
     if not local:
         yield False
         return
-    with dask.config.set(scheduler="threads"):
+    token = _PASS_SCHEDULER.set("threads")
+    try:
         yield True
+    finally:
+        _PASS_SCHEDULER.reset(token)

@@ -23,6 +23,7 @@ from ..backends.keops_backend import log_fallback_once
 from ..backends.neighbors import (
     merge_hits,
     merge_neighbors,
+    nearest_block,
     nearest_block_metric,
     neighbors_dtype,
     sample_bound,
@@ -31,6 +32,7 @@ from ..backends.neighbors import (
 )
 from ..backends.smoothing import merge_log_sums
 from ..kernels import Kernel
+from .in_process import pass_scheduler
 from .pairwise import Operand, pairwise_reduce, pairwise_rows
 
 __all__ = ["kernel_log_sums", "nearest_neighbors"]
@@ -71,7 +73,7 @@ def kernel_log_sums(queries: da.Array, training: da.Array, targets: da.Array | N
 
 def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
                       name: str = "dk-knn", backend: str = "numpy", metric: str = "minkowski",
-                      p: float = 2) -> tuple[da.Array, da.Array]:
+                      p: float = 2, order: da.Array | None = None) -> tuple[da.Array, da.Array]:
     """The k nearest training rows of every query row (ties to the lower index).
 
     Partial results travel as records of :func:`~dkern.backends.neighbors.neighbors_dtype`
@@ -90,6 +92,10 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
     p : float, default=2
         Minkowski's power, >= 1 (2: Euclidean; inf: Chebyshev); unused by ``"cosine"``
         (:func:`dkern.backends.neighbors.metric_distances`).
+    order : dask.array.Array of shape (n, 1), int32, optional
+        Each training chunk's :func:`~dkern.backends.neighbors.tile_order`, chunked like
+        ``training`` (a fitted model keeps it): numpy's Euclidean block then gathers its
+        rows in that order instead of sorting them. Only with ``backend="numpy"``.
 
     Returns
     -------
@@ -98,18 +104,25 @@ def nearest_neighbors(queries: da.Array, training: da.Array, k: int, *,
     indices : dask.array.Array of shape (q, k), int64
     """
     k = int(k)
+    if order is not None and (backend != "numpy" or metric != "minkowski" or p != 2):
+        raise ValueError(f"order is the tile order of numpy's Euclidean search; got it with "
+                         f"backend={backend!r}, metric={metric!r}, p={p}. Pass order=None.")
     if metric != "minkowski" or p != 2:
         return _nearest_by_metric(queries, training, k, name=name, backend=backend,
                                   metric=metric, p=p)
     # Each block would otherwise search from scratch, admitting ~k·ln(rows) candidates
     # per query row: a bound from the first rows (one chunk read) lets it admit only rows
     # nearer than some k training rows already are.
-    sample = np.asarray(training[:max(k, SAMPLE_ROWS)].compute(), dtype=np.float64)
+    head = training[:max(k, SAMPLE_ROWS)]  # here, in an in-process pass
+    sample = np.asarray(head.compute(scheduler=pass_scheduler()), dtype=np.float64)
     limit = pairwise_rows(sample_bound, queries, width=1, dtype=np.float64,
                           name=f"{name}-bound", broadcast={"sample": sample}, k=k)
     index = da.arange(training.shape[0], chunks=training.chunks[0], dtype=np.int64)[:, None]
-    records = pairwise_reduce(block_backend(backend).nearest, queries, training,
-                              [(limit, "rows"), (index, "cols")], over="cols", width=1,
+    operands: list[Operand] = [(limit, "rows"), (index, "cols")]
+    block = block_backend(backend).nearest
+    if order is not None:  # numpy's block, told its rows' tile order
+        block, operands = nearest_block, [*operands, (order, "cols")]
+    records = pairwise_reduce(block, queries, training, operands, over="cols", width=1,
                               dtype=neighbors_dtype(k), name=name, combine=merge_neighbors,
                               labels=("X", "X_fit"), k=k)
     return np.sqrt(records["sq"][:, 0]), records["index"][:, 0]
@@ -122,7 +135,8 @@ def _nearest_by_metric(queries: da.Array, training: da.Array, k: int, *, name: s
     if backend != "numpy":
         log_fallback_once("k-nearest neighbours", f"the {metric} metric (p={p}) has a "
                           "Euclidean search only on this backend", backend=backend)
-    sample = np.asarray(training[:max(k, SAMPLE_ROWS)].compute(), dtype=np.float64)
+    head = training[:max(k, SAMPLE_ROWS)]  # here, in an in-process pass
+    sample = np.asarray(head.compute(scheduler=pass_scheduler()), dtype=np.float64)
     limit = pairwise_rows(sample_bound_metric, queries, width=1, dtype=np.float64,
                           name=f"{name}-bound", broadcast={"sample": sample}, k=k,
                           metric=metric, p=p)
