@@ -259,8 +259,10 @@ def test_sketch_size_default_and_cap():
 
     assert sketch_size(20_000, 300) == 3_000  # 10 rows per centre
     assert sketch_size(1_000_000, 2_000) == 20_000
-    assert sketch_size(1_000_000, 20_000) == 2_500  # capped near one iteration's cost
-    assert sketch_size(500, 100) == 250  # capped at 50 n / M
+    assert sketch_size(300_000, 2_000) == 20_000
+    assert sketch_size(1_000_000, 20_000) == 7_500  # capped near a few iterations' cost
+    assert sketch_size(10_000, 1_000) == 1_500  # capped at 150 n / M
+    assert sketch_size(500, 100) == 500  # all of X
 
 
 def normal_equations_residual(kernel, X, y, C, alpha, beta):

@@ -62,9 +62,12 @@ DEFAULT_MAX_ITER = 200
 KNM_CACHE_BYTES = 2 * 2**30
 #: Rows of the preconditioner's sample per centre (see ``sketch_size``).
 SKETCH_PER_CENTER = 10
-#: The sample's cost, 2 s M² flops, is kept to about that of this many kernel values per data
-#: row and centre, i.e. of roughly one CG iteration: ``s <= SKETCH_COST · n / M``.
-SKETCH_COST = 50
+#: The sample's cost, 2 s M² flops (a triangular solve and a rank-s update), is kept to about
+#: that of this many kernel values per data row and centre, ``s <= SKETCH_COST · n / M``: a
+#: few CG iterations' worth. 50 (about one iteration) left s = 3.75 M at n = 300,000, M = 2,000,
+#: and CG 40 iterations to 1e-6 where s = 10 M needs about 22 (benchmarks/RESULTS.md, "KRR:
+#: falkon-real").
+SKETCH_COST = 150
 #: Rows of the sample whose kernel block is formed at once (block memory: rows × M values).
 SKETCH_BLOCK_ROWS = 4096
 
@@ -257,11 +260,11 @@ def _normal_residuals(system: _System, Kty: np.ndarray, u: np.ndarray) -> np.nda
 
 
 def sketch_size(n: int, M: int) -> int:
-    """Default sample size of the preconditioner: ``min(n, 10 M, 50 n / M)``.
+    """Default sample size of the preconditioner: ``min(n, 10 M, 150 n / M)``.
 
     Ten rows per centre estimate ``K_nmᵀ K_nm`` well at the ridge penalties that
     make M centres worth having; the cap keeps the sample's ``2 s M²`` flops near
-    the cost of one CG iteration (``n M`` kernel values).
+    the cost of a few CG iterations (``n M`` kernel values each).
     """
     return int(min(n, SKETCH_PER_CENTER * M, SKETCH_COST * n // max(M, 1)))
 
@@ -312,7 +315,9 @@ def falkon_factors(kernel: Kernel, C: np.ndarray, alpha: float, n: int,
         G = np.zeros((len(T), len(T)))
         for i0 in range(0, len(sample), SKETCH_BLOCK_ROWS):
             Wt = factor_solve_t(T, basis, kernel(sample[i0:i0 + SKETCH_BLOCK_ROWS], C).T)
-            G += Wt @ Wt.T  # Wt: shape (q, rows)
+            # Wt: shape (q, rows); G's upper triangle only (half GEMM's flops), all that
+            # the upper Cholesky below reads
+            G = sla.blas.dsyrk(1.0, Wt, beta=1.0, c=G, lower=False, overwrite_c=True)
         G /= len(sample)
     A = sla.cholesky(G + (alpha / n) * np.eye(len(T)), lower=False)
     return T, A, basis
