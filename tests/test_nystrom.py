@@ -259,8 +259,10 @@ def test_sketch_size_default_and_cap():
 
     assert sketch_size(20_000, 300) == 3_000  # 10 rows per centre
     assert sketch_size(1_000_000, 2_000) == 20_000
-    assert sketch_size(1_000_000, 20_000) == 2_500  # capped near one iteration's cost
-    assert sketch_size(500, 100) == 250  # capped at 50 n / M
+    assert sketch_size(300_000, 2_000) == 20_000
+    assert sketch_size(1_000_000, 20_000) == 7_500  # capped near a few iterations' cost
+    assert sketch_size(10_000, 1_000) == 1_500  # capped at 150 n / M
+    assert sketch_size(500, 100) == 500  # all of X
 
 
 def normal_equations_residual(kernel, X, y, C, alpha, beta):
@@ -360,3 +362,21 @@ def test_falkon_does_not_cache_knm_beyond_the_workers_memory(monkeypatch):
     monkeypatch.setattr(falkon_module, "persist_budget", lambda: 240_000_000)
     falkon_module.falkon(Gaussian(1.0), X, Y, X[:20], 1e-2, tol=1e-3, backend="numpy")
     assert calls == [240_000_000]
+
+
+def test_falkon_passes_are_its_iterations_and_two_checks(monkeypatch):
+    """Each CG step is one ``K_nmᵀ K_nm v`` pass, plus the last (judged) step's and the
+    true-residual check at the result; the normal equations' residual reuses that check's
+    product, so it costs no pass, and still equals the dense one."""
+    calls = []
+    real = NystromOperator.normal_matvec
+    monkeypatch.setattr(NystromOperator, "normal_matvec",
+                        lambda self, v: calls.append(1) or real(self, v))
+    C, kernel = X[np.random.default_rng(3).choice(400, 40, replace=False)], Gaussian(0.8)
+    # a sample of half of X: the default (all of X here) is exact, done in one step
+    res = falkon(kernel, X, Y, C, 1e-2, tol=1e-8, backend="numpy", sketch_rows=200,
+                 random_state=0)
+    assert res.converged.all() and 2 <= res.n_iter < 50  # no residual replacement on the way
+    assert len(calls) == res.n_iter + 2
+    true = normal_equations_residual(kernel, X, Y, C, 1e-2, res.beta[:, 0])
+    assert res.normal_residuals[0] == pytest.approx(true, rel=1e-6, abs=1e-15)

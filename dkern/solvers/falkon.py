@@ -62,9 +62,12 @@ DEFAULT_MAX_ITER = 200
 KNM_CACHE_BYTES = 2 * 2**30
 #: Rows of the preconditioner's sample per centre (see ``sketch_size``).
 SKETCH_PER_CENTER = 10
-#: The sample's cost, 2 s M² flops, is kept to about that of this many kernel values per data
-#: row and centre, i.e. of roughly one CG iteration: ``s <= SKETCH_COST · n / M``.
-SKETCH_COST = 50
+#: The sample's cost, 2 s M² flops (a triangular solve and a rank-s update), is kept to about
+#: that of this many kernel values per data row and centre, ``s <= SKETCH_COST · n / M``: a
+#: few CG iterations' worth. 50 (about one iteration) left s = 3.75 M at n = 300,000, M = 2,000,
+#: and CG 40 iterations to 1e-6 where s = 10 M needs about 22 (benchmarks/RESULTS.md, "KRR:
+#: falkon-real").
+SKETCH_COST = 150
 #: Rows of the sample whose kernel block is formed at once (block memory: rows × M values).
 SKETCH_BLOCK_ROWS = 4096
 
@@ -86,7 +89,8 @@ class NystromResult:
         Whether each column's last preconditioned residual is <= ``tol``.
     normal_residuals : ndarray of shape (t,)
         Relative residuals of the unpreconditioned normal equations,
-        ``‖K_nmᵀ y − H β‖ / ‖K_nmᵀ y‖``, from one more pass over X after the solve.
+        ``‖K_nmᵀ y − H β‖ / ‖K_nmᵀ y‖``, from the product CG's last true-residual check
+        formed at β (one more pass over X only when that check was not at β).
     """
 
     beta: np.ndarray
@@ -186,9 +190,10 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     (Kty,) = dask.compute(op.rmatvec(y))  # shape: (M, t)
     saved = None if checkpoint is None else Checkpoint(
         checkpoint, checkpoint_every, _fingerprint(op, pre, alpha, Kty, tol), "falkon")
-    out = _solve(op, pre, alpha, Kty, tol, max_iter, callback, progress, saved)
+    system = _System(op, pre, alpha)
+    out = _solve(system, Kty, tol, max_iter, callback, progress, saved)
     beta = pre.apply(out.x)
-    normal = _normal_residuals(op, pre, alpha, Kty, beta)
+    normal = _normal_residuals(system, Kty, out.x)
     if not out.converged.all():
         advice = stall_advice(out) or " Raise max_iter, loosen tol, or increase alpha."
         warnings.warn(f"falkon stopped after {out.n_iter} iterations above tol={tol:g} "
@@ -200,17 +205,35 @@ def falkon(kernel: Kernel, X: Any, y: Any, centers: Any, alpha: float, *, tol: f
     return NystromResult(beta, out.n_iter, out.residuals, out.converged, normal)
 
 
-def _solve(op: NystromOperator, pre: FalkonPreconditioner, alpha: float, Kty: np.ndarray,
-           tol: float, max_iter: int, callback: Callable[[int, np.ndarray], None] | None,
-           progress: bool, checkpoint: Checkpoint | None) -> LoopResult:
+class _System:
+    """``u ↦ Bᵀ (K_nmᵀ K_nm + alpha K_mm) B u``, one pass over X per call, remembering the
+    last call's ``H B u``: CG's final call is the true-residual check at the returned
+    iterate, so the normal equations' residual there needs no pass of its own."""
+
+    def __init__(self, op: NystromOperator, pre: FalkonPreconditioner, alpha: float) -> None:
+        self.op, self.pre, self.alpha = op, pre, alpha
+        self.last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        b = self.pre.apply(v)
+        (normal,) = dask.compute(self.op.normal_matvec(b))
+        product = normal + self.alpha * self.pre.kmm_matvec(b)  # shape: (M, t), H b
+        self.last = (v.copy(), product)
+        return self.pre.apply_t(product)
+
+    def product_at(self, u: np.ndarray) -> np.ndarray:
+        """``H B u``: the last call's when it was at u, else one more pass over X."""
+        if self.last is not None and np.array_equal(self.last[0], u):
+            return self.last[1]
+        self(u)
+        return self.last[1]
+
+
+def _solve(system: _System, Kty: np.ndarray, tol: float, max_iter: int,
+           callback: Callable[[int, np.ndarray], None] | None, progress: bool,
+           checkpoint: Checkpoint | None) -> LoopResult:
     """CG on ``Bᵀ (K_nmᵀ K_nm + alpha K_mm) B u = Bᵀ K_nmᵀ y``; β = B u."""
-
-    def system(v: np.ndarray) -> np.ndarray:  # one pass over X
-        b = pre.apply(v)
-        (normal,) = dask.compute(op.normal_matvec(b))
-        return pre.apply_t(normal + alpha * pre.kmm_matvec(b))
-
-    rhs = pre.apply_t(Kty)
+    rhs = system.pre.apply_t(Kty)
     bar = SolveProgress("dkern falkon", tol) if progress else None
     try:
         return block_cg_loop(system, lambda r: r, rhs, np.zeros_like(rhs), x0_given=False,
@@ -229,21 +252,19 @@ def _fingerprint(op: NystromOperator, pre: FalkonPreconditioner, alpha: float,
             "preconditioner": tokenize(pre.T, pre.A, pre.basis), "settings": tokenize(tol)}
 
 
-def _normal_residuals(op: NystromOperator, pre: FalkonPreconditioner, alpha: float,
-                      Kty: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """``‖K_nmᵀ y − (K_nmᵀ K_nm + alpha K_mm) β‖ / ‖K_nmᵀ y‖`` per column; one pass over X."""
-    (normal,) = dask.compute(op.normal_matvec(beta))
-    gap = np.linalg.norm(Kty - (normal + alpha * pre.kmm_matvec(beta)), axis=0)
+def _normal_residuals(system: _System, Kty: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``‖K_nmᵀ y − (K_nmᵀ K_nm + alpha K_mm) β‖ / ‖K_nmᵀ y‖`` per column at β = B u."""
+    gap = np.linalg.norm(Kty - system.product_at(u), axis=0)
     scale = np.linalg.norm(Kty, axis=0)
     return gap / np.where(scale > 0, scale, 1.0)
 
 
 def sketch_size(n: int, M: int) -> int:
-    """Default sample size of the preconditioner: ``min(n, 10 M, 50 n / M)``.
+    """Default sample size of the preconditioner: ``min(n, 10 M, 150 n / M)``.
 
     Ten rows per centre estimate ``K_nmᵀ K_nm`` well at the ridge penalties that
     make M centres worth having; the cap keeps the sample's ``2 s M²`` flops near
-    the cost of one CG iteration (``n M`` kernel values).
+    the cost of a few CG iterations (``n M`` kernel values each).
     """
     return int(min(n, SKETCH_PER_CENTER * M, SKETCH_COST * n // max(M, 1)))
 
@@ -294,7 +315,9 @@ def falkon_factors(kernel: Kernel, C: np.ndarray, alpha: float, n: int,
         G = np.zeros((len(T), len(T)))
         for i0 in range(0, len(sample), SKETCH_BLOCK_ROWS):
             Wt = factor_solve_t(T, basis, kernel(sample[i0:i0 + SKETCH_BLOCK_ROWS], C).T)
-            G += Wt @ Wt.T  # Wt: shape (q, rows)
+            # Wt: shape (q, rows); G's upper triangle only (half GEMM's flops), all that
+            # the upper Cholesky below reads
+            G = sla.blas.dsyrk(1.0, Wt, beta=1.0, c=G, lower=False, overwrite_c=True)
         G /= len(sample)
     A = sla.cholesky(G + (alpha / n) * np.eye(len(T)), lower=False)
     return T, A, basis
