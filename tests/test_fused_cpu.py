@@ -148,7 +148,10 @@ def test_log_sums_match_scipy_logsumexp(compiled, ell, scale):
     x[0] += 40.0
     got = fused_cpu.log_sums_block_fused(x, z, t, kernel=Gaussian(ell), scale=scale)
     m, sums, lse = reference_log_sums(ell * scale, x, z, t)
-    np.testing.assert_allclose(got[:, 0], m, rtol=1e-13)
+    # the far row's weights all underflow: it is summed around its largest log weight; the
+    # others unshifted (m = 0), their weights' sum far above SHIFT_ZERO_MIN_SUM
+    np.testing.assert_allclose(got[0, 0], m[0], rtol=1e-13)
+    assert got[0, 0] < -500 and np.all(got[1:, 0] == 0.0)
     np.testing.assert_allclose(got[:, 0] + np.log(got[:, 1]), lse, rtol=1e-13)
     np.testing.assert_allclose(got[:, 2:] / got[:, 1:2], sums[:, 1:] / sums[:, :1], rtol=1e-11,
                                atol=1e-12)
@@ -156,6 +159,21 @@ def test_log_sums_match_scipy_logsumexp(compiled, ell, scale):
                                                        scale=scale), got, rtol=0, atol=0)
     empty = fused_cpu.log_sums_block_fused(x, z[:0], None, kernel=Gaussian(ell))
     np.testing.assert_array_equal(empty, np.tile([-np.inf, 0.0], (13, 1)))
+
+
+def test_log_sums_either_side_of_the_unshifted_sums_floor(compiled):
+    """A row whose weights sum to about e^-240 keeps the unshifted product (m = 0); one at
+    about e^-690, under SHIFT_ZERO_MIN_SUM (e^-416) though not yet underflowing, is summed
+    around its largest log weight. Both equal scipy's logsumexp."""
+    z, t = RNG.normal(size=(500, 3)), RNG.normal(size=(500, 1))
+    x = np.array([[3.0 + np.sqrt(480.0), 0.0, 0.0], [3.0 + np.sqrt(1380.0), 0.0, 0.0]])
+    z[:, 0] = np.minimum(z[:, 0], 3.0)  # the nearest rows at most 3 along the first axis
+    got = fused_cpu.log_sums_block_fused(x, z, t, kernel=Gaussian(1.0))
+    m, sums, lse = reference_log_sums(1.0, x, z, t)
+    assert -300 < lse[0] < -200 and -708 < m[1] and lse[1] < -600
+    assert got[0, 0] == 0.0 and got[1, 0] == m[1]
+    np.testing.assert_allclose(got[:, 0] + np.log(got[:, 1]), lse, rtol=1e-13)
+    np.testing.assert_allclose(got[:, 2] / got[:, 1], sums[:, 1] / sums[:, 0], rtol=1e-12)
 
 
 def test_log_sums_of_other_kernels_take_the_tiles(compiled):
