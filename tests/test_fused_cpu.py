@@ -57,6 +57,24 @@ def test_matvec_matches_the_dense_product(compiled, n, m, d, t, ell):
     assert_close(got, dense(ell, x, z), v)
 
 
+def test_each_kernel_value_within_two_ulp_of_numpy_exp(compiled):
+    """The fused loop's exp (reduced by ln 2 / 2) value by value: one training row at 0 and
+    query rows at distance t give k = exp(-t²/2) exactly as numpy computes its argument,
+    over the whole normal range (odd and even multiples of ln 2 / 2, both ends of each
+    reduction interval) and 0 past it (k below the smallest normal number is flushed)."""
+    t = np.concatenate([np.sqrt(2 * np.linspace(0.0, 708.3, 40_001)),
+                        np.sqrt(2 * np.log(2) / 2 * np.arange(0, 2044)),  # k ln 2 / 2
+                        np.sqrt(2 * (np.log(2) / 2 * np.arange(0, 2043) + np.log(2) / 4)),
+                        [np.sqrt(2 * 708.4), 40.0, 1e3]])
+    x = np.column_stack([t, np.zeros_like(t)])  # d = 2: the second difference adds 0
+    got = fused_cpu.matvec_block_fused(Gaussian(1.0), x, np.zeros((1, 2)), np.ones((1, 1)))
+    want = np.exp(-0.5 * (t * t))
+    normal = want >= np.finfo(np.float64).tiny
+    ulp = np.abs(got[normal, 0] - want[normal]) / np.spacing(want[normal])
+    assert ulp.max() <= 2.0, f"{ulp.max():.2f} ulp at t = {t[normal][ulp.argmax()]}"
+    assert np.all(got[~normal, 0] == 0.0)
+
+
 def test_scaled_and_white_terms_and_float32(compiled):
     x, z = RNG.normal(size=(19, 6)), RNG.normal(size=(203, 6))
     v = RNG.normal(size=(203, 2))
