@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import os
 import platform
 import re
@@ -73,16 +74,20 @@ def naive_numpy_threaded(X: np.ndarray, Z: np.ndarray, v: np.ndarray, ell: float
         return np.concatenate(list(parts))
 
 
+#: Flops of dkern_exp_nonpositive (kernels/dkern_exp.h; FMAs count 2): 7 to reduce by
+#: ln 2 / 2, 19 for the degree-9 polynomial, 1 to scale.
+EXP_FLOPS = 27
 #: Flops of one fused Gaussian entry beyond its 3 d of distance (a difference, a multiply
-#: and an add per feature; FMAs count 2): 34 in dkern_exp_nonpositive (kernels/dkern_exp.h:
-#: 4 to reduce, 28 for the polynomial, 2 to scale), 1 for the lengthscale and 2 to
-#: accumulate. The issue's count (16 + 15 + 2 = 33 at d = 8) assumes a 15-flop exp.
-FUSED_EXP_FLOPS = 37
+#: and an add per feature): the exp, 1 for the lengthscale and 2 to accumulate. The
+#: issue's count (16 + 15 + 2 = 33 at d = 8) assumes a 15-flop exp.
+FUSED_EXP_FLOPS = EXP_FLOPS + 3
 
 
+@functools.cache
 def gemm_gflops(size: int = 1_500) -> float:
     """float64 GEMM flops per second, every core busy: one single-threaded ``size``-square
-    product per core at once (as the workers run BLAS), best of 3."""
+    product per core at once (as the workers run BLAS), best of 3; measured once a run, so
+    the machine line and a bound computed from it quote the same reading."""
     rng = np.random.default_rng(0)
     cores = os.cpu_count() or 1
     A = rng.standard_normal((cores, size, size))
@@ -99,30 +104,37 @@ def gemm_gflops(size: int = 1_500) -> float:
 
 def host_rates() -> str:
     """This host's float64 GEMM and compiled-exp rates now, every core busy, as text."""
-    rates = peak_rates(0.2)
     return (f"float64 GEMM {gemm_gflops():.0f} GFLOP/s, dkern's exp "
-            f"{rates['exp_per_s'] / 1e9:.2f} G/s ({os.cpu_count()} cores busy)")
+            f"{exp_rates(0.2)['exp_per_s'] / 1e9:.2f} G/s ({os.cpu_count()} cores busy)")
 
 
 def peak_rates(seconds: float = 0.5) -> dict[str, float]:
     """This host's peak rates, every core busy: ``fma_gflops`` (float64 multiply-adds at 2
-    flops, from benchmarks/_peak.c built by dkern's native machinery), ``exp_per_s``
-    (dkern's compiled float64 exp on an L2-sized array) and ``numpy_exp_per_s`` (numpy's,
-    one thread). Zero where the C build is not available."""
-    from dkern.kernels import fastexp, native
+    flops, from benchmarks/_peak.c built by dkern's native machinery; zero where the C
+    build is not available) and those of :func:`exp_rates`."""
+    from dkern.kernels import native
 
     lib = native.Native("peak_fma", Path(__file__).with_name("_peak.c"), "DKERN_PEAK",
                         "no peak measurement", headers=(native.HERE / "dkern_vec.h",))
     fma, _ = native.load(lib, lambda library: library.dkern_peak_fma,
                          lambda function: (True, "a benchmark"))
     cores = os.cpu_count() or 1
-    rates = {"fma_gflops": 0.0, "exp_per_s": 0.0, "numpy_exp_per_s": 0.0}
+    rates = {"fma_gflops": 0.0, **exp_rates(seconds)}
     if fma is not None:
         fma.argtypes, fma.restype = [ctypes.c_long, ctypes.c_void_p], ctypes.c_long
         sink = np.zeros(cores)
         rounds = int(2e8 * seconds)
         lanes, wall = _side_by_side(lambda i: fma(rounds, sink[i:].ctypes.data), cores)
         rates["fma_gflops"] = 2 * lanes / wall / 1e9
+    return rates
+
+
+def exp_rates(seconds: float = 0.5) -> dict[str, float]:
+    """Values per second of ``exp_per_s`` (dkern's compiled float64 exp on an L2-sized
+    array, every core busy) and ``numpy_exp_per_s`` (numpy's, one thread)."""
+    from dkern.kernels import fastexp
+
+    cores = os.cpu_count() or 1
     x = -np.linspace(0.0, 30.0, 16_384)  # 128 KiB: in L2, and a call's overhead is small
     out = np.empty((cores, x.size))  # written in place: a fresh array each call page-faults
     per_call = max(100, int(4_000 * seconds))  # calls a thread: long enough to time
@@ -133,10 +145,8 @@ def peak_rates(seconds: float = 0.5) -> dict[str, float]:
         return per_call * x.size
 
     values, wall = _side_by_side(exps, cores)
-    rates["exp_per_s"] = values / wall
     seconds_numpy, _ = best_time(lambda: [np.exp(x, out=out[0]) for _ in range(per_call)], 3)
-    rates["numpy_exp_per_s"] = per_call * x.size / seconds_numpy
-    return rates
+    return {"exp_per_s": values / wall, "numpy_exp_per_s": per_call * x.size / seconds_numpy}
 
 
 def _side_by_side(work: Callable[[int], int], threads: int) -> tuple[int, float]:

@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import (  # noqa: E402
+    EXP_FLOPS,
     FUSED_EXP_FLOPS,
     best_time,
     fused_bound,
@@ -255,7 +256,7 @@ def bound_line(rates):
             f"{rates['fma_gflops']:.1f} GFLOP/s; dkern's compiled exp "
             f"{rates['exp_per_s'] / 1e9:.2f} G values/s (numpy's exp, one thread, "
             f"{rates['numpy_exp_per_s'] / 1e9:.2f} G/s). A fused Gaussian entry costs "
-            f"3 d + {FUSED_EXP_FLOPS} flops with dkern's exp (3 d of distance, 34 of exp, "
+            f"3 d + {FUSED_EXP_FLOPS} flops with dkern's exp (3 d of distance, {EXP_FLOPS} of exp, "
             f"1 of lengthscale, 2 to accumulate), so the bound is "
             f"{fused_bound(rates, 8) / 1e9:.2f} G entries/s at d = 8 (the issue's 33-flop count, "
             f"which assumes a 15-flop exp, would give "
