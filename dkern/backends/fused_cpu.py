@@ -51,7 +51,7 @@ CHECK_RTOL = 1e-13
 #: Rows whose Gaussian weights sum to at least this unshifted keep that sum: every weight
 #: the exp flushes to 0 (below e^-708) is then under e^-270 of it. Rows below it are summed
 #: again around their largest log weight. The plain product skips the online maximum's
-#: pass over each strip: 22-36% faster on one thread (benchmarks/RESULTS.md).
+#: pass over each strip (the speed-up is in benchmarks/RESULTS.md).
 SHIFT_ZERO_MIN_SUM = 2.0**-600
 
 _P = ctypes.c_void_p
@@ -82,8 +82,7 @@ def matvec_block_fused(kernel: Kernel, x: np.ndarray, z: np.ndarray,
         return None
     if (form := gaussian_form(kernel, x.shape[1])) is None:
         return None
-    ell = form.lengthscale  # one entry per feature; equal entries are a scalar's
-    return _matvec(run, form.constant, ell[0] if np.all(ell == ell[0]) else ell, x, z, v)
+    return _matvec(run, form.constant, form.lengthscale, x, z, v)
 
 
 def log_sums_block_fused(x: np.ndarray, z: np.ndarray, t: np.ndarray | None, *,
@@ -111,7 +110,7 @@ def log_sums_block_fused(x: np.ndarray, z: np.ndarray, t: np.ndarray | None, *,
     values = ones if t is None else np.hstack([ones, np.asarray(t, dtype=np.float64)])
     ell = np.broadcast_to(np.asarray(kernel.lengthscale, dtype=np.float64) * scale,
                           (x.shape[1],))
-    sums = _matvec(run, 1.0, ell[0] if np.all(ell == ell[0]) else ell, x, z, values)
+    sums = _matvec(run, 1.0, ell, x, z, values)
     out = np.column_stack([np.zeros(len(x)), sums])
     far = sums[:, 0] < SHIFT_ZERO_MIN_SUM  # NaN rows (unchecked input) stay NaN either way
     if far.any():
@@ -150,18 +149,19 @@ def _operands(x: np.ndarray, z: np.ndarray, v: np.ndarray, ell: Any
     """x (n, d), z packed in blocks of :data:`PAD` rows (each block's (d, PAD) transpose
     contiguous) and vᵀ (t, ld), C-contiguous float64, z and v padded with zeros to ``ld``
     rows, a multiple of :data:`PAD`; the per-feature weights
-    ``1/l`` (None for a scalar l) and the factor ``1/l²`` a scalar l folds into c."""
+    ``1/l`` (None for a scalar l, or one entry per feature all equal) and the factor
+    ``1/l²`` a scalar l folds into c."""
     x64 = np.ascontiguousarray(x, dtype=np.float64)
     (m, d), ld = z.shape, -(-len(z) // PAD) * PAD
     zP, vT = np.zeros((ld, d)), np.zeros((v.shape[1], ld))
     zP[:m], vT[:, :m] = z, v.T
     zP = np.ascontiguousarray(zP.reshape(ld // PAD, PAD, d).transpose(0, 2, 1))
     ell = np.asarray(ell, dtype=np.float64)
-    if ell.ndim == 0:
-        return x64, zP, vT, None, float(1.0 / ell**2)
-    if ell.shape != (x.shape[1],):
+    if ell.ndim and ell.shape != (x.shape[1],):
         raise ValueError(f"Gaussian: lengthscale has {ell.shape[0]} entries but the data has "
                          f"{x.shape[1]} features; give one per feature or a scalar.")
+    if ell.ndim == 0 or (ell.size and np.all(ell == ell.flat[0])):  # one multiply an entry
+        return x64, zP, vT, None, float(1.0 / ell.flat[0]**2)  # instead of one a feature
     return x64, zP, vT, np.ascontiguousarray(1.0 / ell), 1.0
 
 
