@@ -2,6 +2,7 @@
 
 import pickle
 import tracemalloc
+import warnings
 
 import dask
 import dask.array as da
@@ -11,6 +12,7 @@ import pytest
 import dkern
 from dkern.io import open_array, write_array
 from dkern.kernels import Gaussian, Laplacian, Linear
+from dkern.operators import data_rows
 
 RNG = np.random.default_rng(7)
 N, M, D = 503, 311, 4
@@ -175,6 +177,24 @@ def test_matvec_on_local_cluster(cluster_client, kind, t, dtype, tmp_path):
     assert sum(ran.values()) == blocks, ran
     if len(op.X.chunks[0]) > 1:
         assert set(ran) == workers, f"block tasks ran only on {sorted(ran)} of {sorted(workers)}"
+
+
+@pytest.mark.distributed
+def test_in_memory_rows_reach_the_cluster_without_the_large_graph_warning(cluster_client):
+    """In-memory rows are persisted into the graph on purpose (recomputable after a lost
+    worker): 12.8 MB of them, past distributed's 10 MB warning, which advises the user to
+    load the data with dask, raise no warning and equal the input on the cluster; the same
+    persist without dkern's setting does warn."""
+    X = np.random.default_rng(0).standard_normal((200_000, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Xd = data_rows(X)
+    assert not [w for w in caught if "large graph" in str(w.message)]
+    np.testing.assert_array_equal(Xd.compute(), X)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dask.persist(da.from_array(X + 1.0, chunks=(50_000, 8)))
+    assert [w for w in caught if "large graph" in str(w.message)]
 
 
 @pytest.mark.filterwarnings("ignore:Increasing number of chunks")  # 40 x 30 blocks, on purpose

@@ -25,6 +25,7 @@ from distributed import KilledWorker
 
 from ..backends import BACKENDS
 from ..errors import DkernError
+from ..operators.base import LARGE_GRAPH_KEY
 
 # --- options ---------------------------------------------------------------------------
 
@@ -90,7 +91,7 @@ def solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
 #: into the graph on purpose: once per pass, and recomputable after a lost worker, which
 #: scattered data is not. A command's user can do nothing about it, so only larger graphs
 #: are reported.
-LARGE_GRAPH_KEY, LARGE_GRAPH_WARNING = "distributed.admin.large-graph-warning-threshold", "1GB"
+LARGE_GRAPH_WARNING = "1GB"
 
 
 @contextlib.contextmanager

@@ -3,12 +3,15 @@ they multiply, and ``_matvec``; the rest (input checks, ``@``, ``+ alpha``) is h
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from numbers import Real
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
+from dask.utils import parse_bytes
 
 from ..io import as_rows, is_lazy
 from .in_process import pass_scheduler
@@ -31,8 +34,28 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
     check_row_chunks(Xd, name)
     if is_lazy(X):
         return Xd
-    (Xd,) = dask.persist(Xd, scheduler=pass_scheduler())  # here, in an in-process pass
+    with client_data_in_graph(Xd.nbytes):
+        (Xd,) = dask.persist(Xd, scheduler=pass_scheduler())  # here, in an in-process pass
     return Xd
+
+
+#: distributed warns of a graph over this size (10 MB by default), advising to load the
+#: data with dask or scatter it.
+LARGE_GRAPH_KEY = "distributed.admin.large-graph-warning-threshold"
+
+
+@contextlib.contextmanager
+def client_data_in_graph(nbytes: int) -> Iterator[None]:
+    """Raise distributed's large-graph warning threshold by ``nbytes`` meanwhile.
+
+    In-memory rows go into the graph on purpose: persisted once, they stay recomputable
+    after a lost worker, which scattered data is not; and the user, who passed a numpy
+    array, can do nothing about the warning. A graph larger than the rows by more than the
+    threshold is still reported.
+    """
+    threshold = parse_bytes(dask.config.get(LARGE_GRAPH_KEY, "10MB"))
+    with dask.config.set({LARGE_GRAPH_KEY: threshold + int(nbytes)}):
+        yield
 
 
 class Operator:
