@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import stat
 import time
@@ -18,7 +19,7 @@ from dkern.backends import block_backend
 from dkern.cli import main
 from dkern.kernels import Gaussian
 from dkern.planner import Cluster, Data, Rates, load_rates, plan_fit, plan_predict, save_rates
-from dkern.planner.rates import RATES_FILE
+from dkern.planner.rates import RATES_FILE, code_digest
 from dkern.solvers import falkon
 
 #: A made-up machine, for the tests of the model's structure (not of its figures).
@@ -28,7 +29,7 @@ FAKE = Rates(entry_seconds={"kernel_matvec": [5e-9, 1e-10], "normal_matvec": [6e
              sgpr_predict_units_per_s=8e9, read_bytes_per_s=2e8, write_bytes_per_s=1e8,
              client_flops=5e10, client_cholesky_flops=2e10, client_bytes_per_s=1e10,
              start_seconds=5.0, round_trip_seconds=0.05, task_seconds=0.002,
-             worker_idle_bytes=200 * 2**20, machine="made up")
+             worker_idle_bytes=200 * 2**20, machine="made up", code=code_digest())
 GB = 10**9
 TWO = Cluster(workers=2, threads=1, memory_limit=12 * GB)
 
@@ -189,6 +190,19 @@ def test_a_calibration_of_another_format_is_measured_again(tmp_path, monkeypatch
     text = json.loads(path.read_text())
     path.write_text(json.dumps({**text, "version": 0}))
     assert load_rates() is None
+
+
+def test_a_calibration_of_other_compiled_blocks_is_measured_again(tmp_path, monkeypatch,
+                                                                   caplog):
+    """Rates measured with other sources of the fused loop (an upgrade: a faster exp) would
+    mislead every plan; they are measured again, and the log says why."""
+    monkeypatch.setenv("DKERN_CACHE_DIR", str(tmp_path))
+    save_rates(dataclasses.replace(FAKE, code="0123456789abcdef"))
+    with caplog.at_level(logging.WARNING, logger="dkern.planner.rates"):
+        assert load_rates() is None
+    assert "other compiled block functions" in caplog.text
+    save_rates(FAKE)
+    assert load_rates() == FAKE
 
 
 @pytest.mark.filterwarnings("ignore::dkern.errors.ConvergenceWarning")  # tol=1e-14: 8 steps

@@ -109,15 +109,25 @@ def _build(lib: Native, compiler: str) -> Path:
     """This machine's library: the cached one once checked, else compiled now; its path."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=60).stdout
-    texts = [p.read_text() for p in (lib.source, *lib.headers)]
-    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, platform.machine(),
-                                    _cpu_features()]).encode()).hexdigest()
+    key = hashlib.sha256("\0".join([*_texts(lib), " ".join(FLAGS), version,
+                                    platform.machine(), _cpu_features()]).encode()).hexdigest()
     cache = private_folder(Path(os.environ.get("DKERN_CACHE_DIR")
                                  or Path.home() / ".cache" / "dkern"))
     record = cache / f"{lib.name}-{key[:20]}.sha256"
     if os.path.lexists(record):
         return _recorded_library(lib, record)
     return _compile(lib, compiler, record)
+
+
+def source_digest(*libs: Native) -> str:
+    """A digest (16 hex digits) of the libraries' sources and headers: what their code is,
+    whatever machine builds it."""
+    return hashlib.sha256("\0".join(t for lib in libs for t in _texts(lib)).encode()
+                          ).hexdigest()[:16]
+
+
+def _texts(lib: Native) -> list[str]:
+    return [p.read_text() for p in (lib.source, *lib.headers)]
 
 
 def private_folder(folder: Path) -> Path:

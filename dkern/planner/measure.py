@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from .rates import Rates, machine_name
+from .rates import Rates, code_digest, machine_name
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,8 @@ def calibrate(*, workers: int | None = None, backend: str = "auto") -> Rates:
     rates = Rates(entry_seconds=entry, cached_normal_entries_per_s=cached,
                   sgpr_statistics_units_per_s=sgpr[0], sgpr_predict_units_per_s=sgpr[1],
                   read_bytes_per_s=read, write_bytes_per_s=write, **_client_rates(measured),
-                  **cluster, machine=machine_name(), measured=measured)
+                  **cluster, machine=machine_name(), code=code_digest(),
+                  measured=measured)
     logger.info("dkern plan: calibrated %s", rates.machine)
     return rates
 

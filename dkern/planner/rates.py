@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..kernels.native import UntrustedCache, private_folder, read_private
+from ..kernels.native import UntrustedCache, private_folder, read_private, source_digest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RATES_FILE", "Rates", "load_rates", "rates_path", "save_rates"]
+__all__ = ["RATES_FILE", "Rates", "code_digest", "load_rates", "rates_path", "save_rates"]
 
 #: The calibration's file name in the cache folder.
 RATES_FILE = "plan-rates.json"
@@ -68,6 +68,8 @@ class Rates:
         Resident memory of an idle worker process that has imported dkern.
     machine : str
         The CPU and core count the rates were measured on.
+    code : str
+        :func:`code_digest` when the rates were measured: of the compiled block functions.
     measured : dict
         The raw measurements behind the fitted figures, for the record.
     """
@@ -86,6 +88,7 @@ class Rates:
     task_seconds: float
     worker_idle_bytes: int
     machine: str = ""
+    code: str = ""
     measured: dict[str, Any] = field(default_factory=dict)
 
     def per_entry(self, block: str, d: int) -> float:
@@ -104,11 +107,21 @@ class Rates:
             raise ValueError(f"the calibration is of another dkern version (format "
                              f"{RATES_VERSION} expected); run `dkern plan --calibrate`")
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(data) - {"machine", "measured"}
+        missing = names - set(data) - {"machine", "code", "measured"}
         if missing:
             raise ValueError(f"the calibration lacks {sorted(missing)}; run "
                              "`dkern plan --calibrate`")
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def code_digest() -> str:
+    """A digest of the compiled block functions' sources (the fused Gaussian loop, the exp
+    of the tiles): their speed is most of the rates, so a calibration measured with other
+    sources (an upgrade of dkern) is measured again rather than trusted."""
+    from ..backends.fused_cpu import LIBRARY
+    from ..kernels.fastexp import LIBRARY as EXP_LIBRARY
+
+    return source_digest(LIBRARY, EXP_LIBRARY)
 
 
 def machine_name() -> str:
@@ -146,8 +159,9 @@ def save_rates(rates: Rates) -> Path:
 
 
 def load_rates() -> Rates | None:
-    """The stored calibration, or None when there is none (or it is of another format:
-    logged). Raises OSError when the file or its folder could be written by others."""
+    """The stored calibration, or None when there is none (or it is of another format or
+    of other compiled block functions: logged). Raises OSError when the file or its folder
+    could be written by others."""
     path = rates_path()
     if not path.exists():
         return None
@@ -156,8 +170,13 @@ def load_rates() -> Rates | None:
     except UntrustedCache as err:
         raise PermissionError(str(err)) from None
     try:
-        return Rates.from_json(text.decode())
+        rates = Rates.from_json(text.decode())
     except (ValueError, TypeError) as err:
         logger.warning("dkern plan: %s is not a usable calibration (%s); measuring again",
                        path, err)
         return None
+    if rates.code != code_digest():
+        logger.warning("dkern plan: %s was measured with other compiled block functions "
+                       "(another dkern); measuring again", path)
+        return None
+    return rates
