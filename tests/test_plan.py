@@ -89,6 +89,23 @@ def test_json_report_keys_and_phases(capsys, cache):
     assert "cache K_nm" in report["phases"] and report["phases"]["CG iterations"]["entries"] == 0
 
 
+def test_the_command_measures_a_stale_calibration_again_and_says_why(capsys, cache,
+                                                                    monkeypatch):
+    """Rates of other compiled block functions are measured again (calibrate, here FAKE's),
+    stored with this code's digest, and stderr says the stored file was not usable, not that
+    there was none."""
+    import dkern.planner
+
+    save_rates(dataclasses.replace(FAKE, code="0123456789abcdef"))
+    monkeypatch.setattr(dkern.planner, "calibrate", lambda workers=None: FAKE)
+    assert main(["plan", "fit", "--n", "200000", "--d", "8", "--centers", "1000",
+                 "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["calibrated_now"] is True
+    assert "no usable calibration (the log above says why)" in err
+    assert load_rates() == FAKE
+
+
 def test_doubling_n_doubles_falkons_pass_time():
     """Not cached (n M = 16 GB and more): each pass evaluates n M kernel values; 10, 20 and 30
     chunks fill the two slots evenly, so the time is affine in n, and the fixed part (round

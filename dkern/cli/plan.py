@@ -140,7 +140,9 @@ def _rates(args: argparse.Namespace) -> tuple[Any, Any, bool]:
     if rates is not None:
         return rates, rates_path(), False
     if not args.calibrate and not args.quiet:
-        print(f"dkern plan: no calibration of this machine at {rates_path()}: measuring its "
+        state = "no usable calibration (the log above says why)" if rates_path().exists() \
+            else "no calibration"
+        print(f"dkern plan: {state} of this machine at {rates_path()}: measuring its "
               "rates now, once (`dkern plan --calibrate` measures them again)", file=sys.stderr)
     rates = calibrate(workers=args.workers)
     return rates, save_rates(rates), True
