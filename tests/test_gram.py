@@ -13,6 +13,7 @@ import dkern
 from dkern.io import open_array, write_array
 from dkern.kernels import Gaussian, Laplacian, Linear
 from dkern.operators import data_rows
+from dkern.operators.base import LARGE_GRAPH_KEY, client_data_in_graph
 
 RNG = np.random.default_rng(7)
 N, M, D = 503, 311, 4
@@ -195,6 +196,26 @@ def test_in_memory_rows_reach_the_cluster_without_the_large_graph_warning(cluste
         warnings.simplefilter("always")
         dask.persist(da.from_array(X + 1.0, chunks=(50_000, 8)))
     assert [w for w in caught if "large graph" in str(w.message)]
+
+
+def test_threads_persisting_rows_at_once_restore_the_warning_threshold():
+    """dask's config is one dict per process: two threads persisting rows at once, the first
+    leaving while the second still persists, keep the second's raise until it leaves, and
+    the threshold is the user's again after both; a setting that is not a size is left as
+    it is."""
+    key = LARGE_GRAPH_KEY
+    with dask.config.set({key: "10MB"}):
+        first, second = client_data_in_graph(100_000_000), client_data_in_graph(50_000_000)
+        first.__enter__()
+        assert dask.config.get(key) == 110_000_000
+        second.__enter__()
+        assert dask.config.get(key) == 160_000_000
+        first.__exit__(None, None, None)
+        assert dask.config.get(key) == 60_000_000  # still covers the second's rows
+        second.__exit__(None, None, None)
+        assert dask.config.get(key) == "10MB"
+    with dask.config.set({key: None}), client_data_in_graph(100):
+        assert dask.config.get(key) is None
 
 
 @pytest.mark.filterwarnings("ignore:Increasing number of chunks")  # 40 x 30 blocks, on purpose

@@ -4,6 +4,7 @@ they multiply, and ``_matvec``; the rest (input checks, ``@``, ``+ alpha``) is h
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from numbers import Real
 from typing import Any
@@ -42,6 +43,10 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
 #: distributed warns of a graph over this size (10 MB by default), advising to load the
 #: data with dask or scatter it.
 LARGE_GRAPH_KEY = "distributed.admin.large-graph-warning-threshold"
+#: The bytes of client data now being persisted by threads of this process, and the
+#: threshold as it was before the first of them (dask's config is one dict per process).
+_in_graph = {"bytes": 0, "saved": None}
+_in_graph_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -51,11 +56,29 @@ def client_data_in_graph(nbytes: int) -> Iterator[None]:
     In-memory rows go into the graph on purpose: persisted once, they stay recomputable
     after a lost worker, which scattered data is not; and the user, who passed a numpy
     array, can do nothing about the warning. A graph larger than the rows by more than the
-    threshold is still reported.
+    threshold is still reported. Threads persisting at once add their bytes, and the last
+    one out restores the threshold as it was; one the user set to something that is not a
+    size is left alone (no distributed client reads it here, or it fails there anyway).
     """
-    threshold = parse_bytes(dask.config.get(LARGE_GRAPH_KEY, "10MB"))
-    with dask.config.set({LARGE_GRAPH_KEY: threshold + int(nbytes)}):
+    with _in_graph_lock:
+        saved = _in_graph["saved"] if _in_graph["bytes"] else dask.config.get(LARGE_GRAPH_KEY,
+                                                                              None)
+        try:
+            base = parse_bytes(saved)
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            base = None
+        if base is not None:
+            _in_graph["saved"] = saved
+            _in_graph["bytes"] += int(nbytes)
+            dask.config.set({LARGE_GRAPH_KEY: base + _in_graph["bytes"]})
+    try:
         yield
+    finally:
+        if base is not None:
+            with _in_graph_lock:
+                _in_graph["bytes"] -= int(nbytes)
+                dask.config.set({LARGE_GRAPH_KEY: base + _in_graph["bytes"]
+                                 if _in_graph["bytes"] else _in_graph["saved"]})
 
 
 class Operator:
