@@ -60,19 +60,20 @@ def test_matvec_matches_the_dense_product(compiled, n, m, d, t, ell):
 def test_each_kernel_value_within_two_ulp_of_numpy_exp(compiled):
     """The fused loop's exp (reduced by ln 2 / 2) value by value: one training row at 0 and
     query rows at distance t give k = exp(-t²/2) exactly as numpy computes its argument,
-    over the whole normal range (odd and even multiples of ln 2 / 2, both ends of each
-    reduction interval) and 0 past it (k below the smallest normal number is flushed)."""
-    t = np.concatenate([np.sqrt(2 * np.linspace(0.0, 708.3, 40_001)),
+    within 2 ulp relative (eps = 2.2e-16) over its range (odd and even multiples of
+    ln 2 / 2, both ends of each reduction interval, down to v = -708.38), and 0 past -708.39."""
+    t = np.concatenate([np.sqrt(2 * np.linspace(0.0, 708.38, 40_001)),
                         np.sqrt(2 * np.log(2) / 2 * np.arange(0, 2044)),  # k ln 2 / 2
                         np.sqrt(2 * (np.log(2) / 2 * np.arange(0, 2043) + np.log(2) / 4)),
-                        [np.sqrt(2 * 708.4), 40.0, 1e3]])
+                        [np.sqrt(2 * 708.395), np.sqrt(2 * 708.4), 40.0, 1e3]])
     x = np.column_stack([t, np.zeros_like(t)])  # d = 2: the second difference adds 0
     got = fused_cpu.matvec_block_fused(Gaussian(1.0), x, np.zeros((1, 2)), np.ones((1, 1)))
-    want = np.exp(-0.5 * (t * t))
-    normal = want >= np.finfo(np.float64).tiny
-    ulp = np.abs(got[normal, 0] - want[normal]) / np.spacing(want[normal])
-    assert ulp.max() <= 2.0, f"{ulp.max():.2f} ulp at t = {t[normal][ulp.argmax()]}"
-    assert np.all(got[~normal, 0] == 0.0)
+    v = -0.5 * (t * t)
+    want, kept = np.exp(v), v >= -708.39
+    relative = np.abs(got[kept, 0] - want[kept]) / want[kept] / np.finfo(np.float64).eps
+    assert relative.max() <= 2.0, f"{relative.max():.2f} ulp at v = {v[kept][relative.argmax()]}"
+    assert kept.sum() > 40_000 and (~kept).sum() == 4
+    assert np.all(got[~kept, 0] == 0.0)
 
 
 def test_scaled_and_white_terms_and_float32(compiled):
@@ -94,6 +95,16 @@ def test_far_rows_keep_their_small_differences(compiled):
     v = RNG.normal(size=(9, 1))
     for ell in (0.8, np.array([0.8, 1.5, 0.6])):
         assert_close(fused_cpu.matvec_block_fused(Gaussian(ell), x, z, v), dense(ell, x, z), v)
+
+
+def test_a_lengthscale_whose_inverse_square_overflows(compiled):
+    """l = 1e-160: 1/l² is inf, so the scalar fold (c = -1/2l²) would give inf · 0 = NaN
+    for coincident rows; the loop divides the differences instead, as the tiles do."""
+    x = np.array([[0.0, 0.0], [1e-160, 0.0], [3e-160, 1e-160]])
+    z, v = np.array([[0.0, 0.0], [2e-160, -1e-160]]), np.array([[1.0], [2.0]])
+    for ell in (1e-160, np.array([1e-160, 1e-160]), np.array([1e-160, 2e-160])):
+        got = fused_cpu.matvec_block_fused(Gaussian(ell), x, z, v)
+        assert_close(got, np.asarray(Gaussian(ell)(x, z)), v)
 
 
 def test_only_c_gaussian_on_few_features_is_fused(compiled):

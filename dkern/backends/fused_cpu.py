@@ -149,8 +149,8 @@ def _operands(x: np.ndarray, z: np.ndarray, v: np.ndarray, ell: Any
     """x (n, d), z packed in blocks of :data:`PAD` rows (each block's (d, PAD) transpose
     contiguous) and vᵀ (t, ld), C-contiguous float64, z and v padded with zeros to ``ld``
     rows, a multiple of :data:`PAD`; the per-feature weights
-    ``1/l`` (None for a scalar l, or one entry per feature all equal) and the factor
-    ``1/l²`` a scalar l folds into c."""
+    ``1/l`` (None for a scalar l, or one entry per feature all equal, unless ``1/l²``
+    overflows) and the factor ``1/l²`` such an l folds into c."""
     x64 = np.ascontiguousarray(x, dtype=np.float64)
     (m, d), ld = z.shape, -(-len(z) // PAD) * PAD
     zP, vT = np.zeros((ld, d)), np.zeros((v.shape[1], ld))
@@ -160,8 +160,12 @@ def _operands(x: np.ndarray, z: np.ndarray, v: np.ndarray, ell: Any
     if ell.ndim and ell.shape != (x.shape[1],):
         raise ValueError(f"Gaussian: lengthscale has {ell.shape[0]} entries but the data has "
                          f"{x.shape[1]} features; give one per feature or a scalar.")
-    if ell.ndim == 0 or (ell.size and np.all(ell == ell.flat[0])):  # one multiply an entry
-        return x64, zP, vT, None, float(1.0 / ell.flat[0]**2)  # instead of one a feature
+    ell = np.broadcast_to(ell, (x.shape[1],))
+    first = ell[0] if ell.size else 1.0
+    with np.errstate(over="ignore"):
+        factor = 1.0 / first**2  # inf for l < 1e-154: then (x - z) / l, as the tiles do
+    if np.all(ell == first) and np.isfinite(factor):  # one multiply an entry, not one a feature
+        return x64, zP, vT, None, float(factor)
     return x64, zP, vT, np.ascontiguousarray(1.0 / ell), 1.0
 
 

@@ -45,8 +45,9 @@ static inline double dkern_exp1(double v) {
     return p * s1 * s2;
 }
 
-/* exp(v) for v <= 0 (a log kernel weight), with results below the smallest normal
- * number (v < -708.39) flushed to 0: every sum of kernel weights above 1e-308 is unchanged.
+/* exp(v) for v <= 0 (a log kernel weight), with v < -708.39 flushed to 0 (results under
+ * 2.3e-308, down to the smallest normal number and below): every sum of kernel weights
+ * above 1e-307 is unchanged.
  * The reduction is by ln 2 / 2, not ln 2: k = round(2 v / ln 2), r = v - k ln 2 / 2 in two
  * parts (|r| <= ln 2 / 4, so a degree-9 polynomial suffices where dkern_exp1's needs 12:
  * four fewer multiply-adds, the most of a fused Gaussian entry's time), and
