@@ -104,7 +104,7 @@ def gemm_gflops(size: int = 1_500) -> float:
 
 def host_rates() -> str:
     """This host's float64 GEMM and compiled-exp rates now, every core busy, as text."""
-    return (f"float64 GEMM {gemm_gflops():.0f} GFLOP/s, dkern's exp "
+    return (f"float64 GEMM {gemm_gflops():.0f} GFLOP/s, dkern's full-range exp "
             f"{exp_rates(0.2)['exp_per_s'] / 1e9:.2f} G/s ({os.cpu_count()} cores busy)")
 
 
@@ -130,8 +130,9 @@ def peak_rates(seconds: float = 0.5) -> dict[str, float]:
 
 
 def exp_rates(seconds: float = 0.5) -> dict[str, float]:
-    """Values per second of ``exp_per_s`` (dkern's compiled float64 exp on an L2-sized
-    array, every core busy) and ``numpy_exp_per_s`` (numpy's, one thread)."""
+    """Values per second of ``exp_per_s`` (dkern's compiled full-range float64 exp, that of
+    the tiles, ``fastexp.exp``, on an L2-sized array, every core busy; the fused loop's exp
+    is another, for v <= 0) and ``numpy_exp_per_s`` (numpy's, one thread)."""
     from dkern.kernels import fastexp
 
     cores = os.cpu_count() or 1

@@ -253,10 +253,11 @@ def summarise(n, table, gpu, rates=None):
 def bound_line(rates):
     """The machine's bound, measured in this run, in words."""
     return (f"Bound (measured in this run, every core busy): peak float64 multiply-add rate "
-            f"{rates['fma_gflops']:.1f} GFLOP/s; dkern's compiled exp "
+            f"{rates['fma_gflops']:.1f} GFLOP/s; dkern's compiled full-range exp (the tiles') "
             f"{rates['exp_per_s'] / 1e9:.2f} G values/s (numpy's exp, one thread, "
             f"{rates['numpy_exp_per_s'] / 1e9:.2f} G/s). A fused Gaussian entry costs "
-            f"3 d + {FUSED_EXP_FLOPS} flops with dkern's exp (3 d of distance, {EXP_FLOPS} of exp, "
+            f"3 d + {FUSED_EXP_FLOPS} flops with the fused loop's exp (3 d of distance, "
+            f"{EXP_FLOPS} of exp, "
             f"1 of lengthscale, 2 to accumulate), so the bound is "
             f"{fused_bound(rates, 8) / 1e9:.2f} G entries/s at d = 8 (the issue's 33-flop count, "
             f"which assumes a 15-flop exp, would give "

@@ -120,10 +120,10 @@ def _build(lib: Native, compiler: str) -> Path:
 
 
 def source_digest(*libs: Native) -> str:
-    """A digest (16 hex digits) of the libraries' sources and headers: what their code is,
-    whatever machine builds it."""
-    return hashlib.sha256("\0".join(t for lib in libs for t in _texts(lib)).encode()
-                          ).hexdigest()[:16]
+    """A digest (16 hex digits) of the libraries' sources, headers and compiler flags: what
+    their code is, whatever machine builds it."""
+    texts = [t for lib in libs for t in _texts(lib)]
+    return hashlib.sha256("\0".join([*texts, " ".join(FLAGS)]).encode()).hexdigest()[:16]
 
 
 def _texts(lib: Native) -> list[str]:
