@@ -2,11 +2,12 @@
 
 Each figure is the best of a few runs of the very function a pass runs (the backend's
 block functions, a Zarr read, a ``dask.compute`` on the embedded cluster), at sizes that
-take well under a second, so the whole calibration takes seconds. Block functions are timed
-in this process with single-threaded BLAS, as a worker runs them, while forked copies run
-the same call on the other cores: a worker thread's rate while every core of the machine is
-busy, as in a pass (the cores share caches, memory bandwidth and the clock's boost; one call
-alone on an idle machine ran the sparse GP's blocks about a quarter faster than a pass did).
+take well under a second, so the whole calibration takes well under a minute. Block
+functions are timed in this process with single-threaded BLAS, as a worker runs them, while
+forked copies run the same call on the other cores: a worker thread's rate while every core
+of the machine is busy, as in a pass (the cores share caches, memory bandwidth and the
+clock's boost; one call alone on an idle machine ran the sparse GP's blocks faster than a
+pass did, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

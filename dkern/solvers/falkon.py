@@ -64,8 +64,8 @@ KNM_CACHE_BYTES = 2 * 2**30
 SKETCH_PER_CENTER = 10
 #: The sample's cost, 2 s M² flops (a triangular solve and a rank-s update), is kept to about
 #: that of this many kernel values per data row and centre, ``s <= SKETCH_COST · n / M``: a
-#: few CG iterations' worth. 50 (about one iteration) left s = 3.75 M at n = 300,000, M = 2,000,
-#: and CG 40 iterations to 1e-6 where s = 10 M needs about 22 (benchmarks/RESULTS.md, "KRR:
+#: few CG iterations' worth, which a better preconditioner more than pays back in iterations
+#: (one iteration's worth, 50, needed nearly twice as many: benchmarks/RESULTS.md, "KRR:
 #: falkon-real").
 SKETCH_COST = 150
 #: Rows of the sample whose kernel block is formed at once (block memory: rows × M values).
