@@ -283,16 +283,22 @@ def part_falkon_real(args) -> str:
     centres and penalty; fits alternating, ``--rounds`` of each."""
     from gp_learning import flights_standardised
 
+    if not os.access(args.falkon_python, os.X_OK):
+        raise SystemExit(f"falkon-real: --falkon-python {args.falkon_python} is not an "
+                         "interpreter here; build a venv with Falkon as the module docstring "
+                         "says and pass its python.")
     X, y, Xt, yt = flights_standardised(args.real_n, args.real_test)
     runs: dict[str, list[dict]] = {}
-    data = os.path.join(tempfile.mkdtemp(prefix="dkern-falkon-"), "flights.npz")
-    for _ in range(args.rounds):
-        for tol in args.real_tols:
-            run, C = dkern_fit(args, X, y, Xt, yt, tol)
-            runs.setdefault(f"dkern `KernelRidge(solver='nystrom', tol={tol:g})`", []).append(run)
-        if not os.path.exists(data):  # Falkon gets dkern's centres: the same M rows
-            np.savez(data, X=X, y=y, Xt=Xt, yt=yt, C=C)
-        runs.setdefault("falkon", []).append(falkon_fit(args, data))
+    with tempfile.TemporaryDirectory(prefix="dkern-falkon-") as folder:
+        data = os.path.join(folder, "flights.npz")
+        for _ in range(args.rounds):
+            for tol in args.real_tols:
+                run, C = dkern_fit(args, X, y, Xt, yt, tol)
+                runs.setdefault(f"dkern `KernelRidge(solver='nystrom', tol={tol:g})`",
+                                []).append(run)
+            if not os.path.exists(data):  # Falkon gets dkern's centres: the same M rows
+                np.savez(data, X=X, y=y, Xt=Xt, yt=yt, C=C)
+            runs.setdefault("falkon", []).append(falkon_fit(args, data))
     falkon_runs = runs.pop("falkon")
     last = falkon_runs[-1]
     runs[f"Falkon {last['version']} `Falkon(maxiter={last['maxiter']})`, CPU, "
