@@ -108,8 +108,7 @@ def log_sums_block_fused(x: np.ndarray, z: np.ndarray, t: np.ndarray | None, *,
         return None
     ones = np.ones((len(z), 1))
     values = ones if t is None else np.hstack([ones, np.asarray(t, dtype=np.float64)])
-    ell = np.broadcast_to(np.asarray(kernel.lengthscale, dtype=np.float64) * scale,
-                          (x.shape[1],))
+    ell = np.asarray(kernel.lengthscale, dtype=np.float64) * scale  # _operands checks it
     sums = _matvec(run, 1.0, ell, x, z, values)
     out = np.column_stack([np.zeros(len(x)), sums])
     far = sums[:, 0] < SHIFT_ZERO_MIN_SUM  # NaN rows (unchecked input) stay NaN either way
