@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import functools
 import os
 import platform
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -180,6 +183,14 @@ def reset_peak_rss() -> None:
     reports its own peak, not that of the parts before it in the same process."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new temporary folder, removed with everything in it when this process exits: the
+    stores a benchmark writes (tens to hundreds of MB each) do not pile up in /tmp."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:

@@ -25,7 +25,6 @@ import argparse
 import inspect
 import os
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -39,6 +38,7 @@ from _results import (  # noqa: E402
     machine,
     markdown_table,
     reset_peak_rss,
+    scratch_dir,
     update_section,
 )
 from krr import process_peaks, rmse  # noqa: E402
@@ -62,7 +62,7 @@ def size(args, full: int, floor: int = 100) -> int:
 
 def synthetic(n: int, n_test: int, chunks: int = 10) -> tuple[str, float]:
     """A synthetic store with n training rows in ``chunks`` row chunks; its url and σ²."""
-    url = os.path.join(tempfile.mkdtemp(prefix="dkern-gp-"), "gp.zarr")
+    url = os.path.join(scratch_dir("dkern-gp-"), "gp.zarr")
     make_regression_store(url, n, D, chunk_rows=max(1_000, -(-n // chunks)), n_test=n_test,
                           seed=0)
     return url, read_attrs(url)["noise"] ** 2
@@ -107,7 +107,7 @@ def sparse_fit_predict(kernel, sigma2, X, y, Xt, M) -> tuple[np.ndarray, np.ndar
     start = time.perf_counter()
     model.fit(X, y)
     fit_s = time.perf_counter() - start
-    out = (os.path.join(tempfile.mkdtemp(prefix="dkern-gp-out-"), "pred.zarr"), "gp")
+    out = (os.path.join(scratch_dir("dkern-gp-out-"), "pred.zarr"), "gp")
     model.predict(Xt, return_std=True, out=out)
     predict_s = time.perf_counter() - start - fit_s
     mean, std = load(out[0], "gp/mean", "gp/std")
@@ -206,7 +206,7 @@ def zarr_arrays(arrays: dict[str, np.ndarray], chunks: int) -> dict:
     """Write plain Zarr arrays to a new store; the zarr.Array objects."""
     import zarr
 
-    url = os.path.join(tempfile.mkdtemp(prefix="dkern-gp-flights-"), "flights.zarr")
+    url = os.path.join(scratch_dir("dkern-gp-flights-"), "flights.zarr")
     return {name: zarr.create_array(url, name=name, data=a, chunks=(chunks,) + a.shape[1:])
             for name, a in arrays.items()}
 

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from _results import (  # noqa: E402
     naive_numpy,
     naive_numpy_threaded,
     peak_rates,
+    scratch_dir,
     update_section,
 )
 
@@ -115,7 +115,7 @@ def cpu_methods(X, Z, v, ell, client):
     }
     Xd, Zd = da.from_array(X, chunks=chunks), da.from_array(Z, chunks=chunks)
     if client is not None:  # the cluster reads its operands from a Zarr store, as in real use
-        store = os.path.join(tempfile.mkdtemp(prefix="dkern-bench-"), "gram.zarr")
+        store = os.path.join(scratch_dir("dkern-bench-"), "gram.zarr")
         dkern.io.write_arrays(store, {"X": X, "Z": Z}, chunk_rows=chunks[0])
     fused = "fused C" if fused_cpu._load()[0] is not None else "BLAS tiles, no fused C"
     for backend, label in (("numpy", f"numpy ({fused})"), ("keops", "keops")):

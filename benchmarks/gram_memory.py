@@ -14,14 +14,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, markdown_table, peak_rss_gb, update_section  # noqa: E402
+from _results import (  # noqa: E402
+    machine,
+    markdown_table,
+    peak_rss_gb,
+    scratch_dir,
+    update_section,
+)
 
 import dkern  # noqa: E402
 from dkern.kernels import Gaussian  # noqa: E402
@@ -36,7 +41,7 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=3)
     parser.add_argument("--chunk-rows", type=int, default=100_000)
     args = parser.parse_args()
-    store = os.path.join(tempfile.mkdtemp(prefix="dkern-mem-"), "mem.zarr")
+    store = os.path.join(scratch_dir("dkern-mem-"), "mem.zarr")
     with dkern.connect(n_workers=2, threads_per_worker=1) as client:
         start = time.perf_counter()
         dkern.io.make_regression_store(store, args.n, args.d, chunk_rows=args.chunk_rows)

@@ -37,7 +37,14 @@ import dask.array as da
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, markdown_table, peak_rss_gb, reset_peak_rss, update_section  # noqa: E402
+from _results import (  # noqa: E402
+    machine,
+    markdown_table,
+    peak_rss_gb,
+    reset_peak_rss,
+    scratch_dir,
+    update_section,
+)
 
 import dkern  # noqa: E402
 from dkern.errors import ConvergenceWarning  # noqa: E402
@@ -64,7 +71,7 @@ def rmse(pred, truth) -> float:
 
 
 def store_with(n: int, n_test: int, chunk_rows: int, dtype=np.float64) -> str:
-    url = os.path.join(tempfile.mkdtemp(prefix="dkern-krr-"), "krr.zarr")
+    url = os.path.join(scratch_dir("dkern-krr-"), "krr.zarr")
     make_regression_store(url, n, D, chunk_rows=chunk_rows, n_test=n_test, seed=0, dtype=dtype)
     return url
 
@@ -165,7 +172,7 @@ def part_sklearn_krr(args) -> str:
     n = 20_000
     url = store_with(n, 5_000, 5_000)
     X, y, Xt, yt = load(url, "X", "y", "X_test", "y_test")
-    tmp = tempfile.mkdtemp()
+    tmp = scratch_dir("dkern-sklearn-krr-")
     np.savez(os.path.join(tmp, "d.npz"), X=X, y=y, Xt=Xt)
     # A 20,000 × 20,000 Cholesky: run it in a child with OPENBLAS_CORETYPE=Haswell, since the
     # wheel's OpenBLAS segfaults here in multithreaded Cholesky above ~15,800.

@@ -36,7 +36,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, markdown_table, update_section  # noqa: E402
+from _results import machine, markdown_table, scratch_dir, update_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,8 @@ with dkern.connect(n_workers=2, threads_per_worker=1):
         0.5 * Gaussian(np.array([0.7] + [2.2] * 7)), alpha=0.01, optimizer=None,
         solver="nystrom", variance="nystrom", n_centers=2000, random_state=0)
     timed("fit", lambda: model.fit((URL_GP, "X"), (URL_GP, "y")))
-    target = (os.path.join(tempfile.mkdtemp(), "pred.zarr"), "gp")
+    scratch = tempfile.TemporaryDirectory()  # removed when the part's process exits
+    target = (os.path.join(scratch.name, "pred.zarr"), "gp")
     timed("mean + std to Zarr",
           lambda: model.predict((URL_GP, "X_test"), return_std=True, out=target))
 """,
@@ -101,7 +102,7 @@ def stores(sizes: dict[str, int], only: list[str]) -> dict[str, str]:
     """The Zarr stores the parts read, written once with the new tree."""
     from dkern.io import make_regression_store
 
-    folder = tempfile.mkdtemp(prefix="dkern-trees-")
+    folder = scratch_dir("dkern-trees-")
     wanted = {"falkon": ("URL_FALKON", sizes["N_FALKON"], 1_000),
               "gp-million": ("URL_GP", sizes["N_GP"], sizes["N_GP"] // 10),
               "toolbox": ("URL_TOOLBOX", sizes["N_TOOLBOX"], 1_000)}
@@ -129,7 +130,7 @@ def run_part(tree: Path, part: str, constants: dict[str, object]) -> dict[str, f
 
 def old_tree(rev: str) -> Path:
     """A worktree of ``rev`` in a temporary folder (removed by the caller)."""
-    path = Path(tempfile.mkdtemp(prefix="dkern-old-")) / "tree"
+    path = Path(scratch_dir("dkern-old-")) / "tree"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(path), rev],
                    check=True)
     return path

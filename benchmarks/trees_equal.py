@@ -19,13 +19,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, markdown_table, update_section  # noqa: E402
+from _results import machine, markdown_table, scratch_dir, update_section  # noqa: E402
 from trees import REPO, old_tree  # noqa: E402
 
 # Fits every estimator with the tree on PYTHONPATH; saves answers to OUT.npz and models
@@ -151,11 +150,11 @@ def main() -> None:
     args = parser.parse_args()
     old = old_tree(args.old)
     try:
-        old_answers, old_store = answers(old, tempfile.mkdtemp(prefix="dkern-old-answers-"))
+        old_answers, old_store = answers(old, scratch_dir("dkern-old-answers-"))
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)],
                        check=False)
-    new_answers, new_store = answers(REPO, tempfile.mkdtemp(prefix="dkern-new-answers-"))
+    new_answers, new_store = answers(REPO, scratch_dir("dkern-new-answers-"))
     rows = []
     for key in sorted(new_answers):
         model, output = key.split("/")
