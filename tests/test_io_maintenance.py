@@ -32,27 +32,37 @@ def leftover(url, name, group=""):
 
 
 def folders(url, group=""):
-    return sorted(set(os.listdir(os.path.join(url, group, ".dkern"))) - {"zarr.json"})
+    listed = set(os.listdir(os.path.join(url, group, ".dkern")))
+    return sorted(listed - {"zarr.json", "pointer.json"})
 
 
 def test_stray_partial_files_raise_no_warning_and_are_cleaned(tmp_path):
+    """zarr's temporary files (``<name>.<uuid4 hex>.partial``) a killed write left are
+    reported and cleaned; a user's own ``*.partial`` files (a download) are kept, at the
+    top and in a folder of their own, by a publish and by clean_store alike."""
     url = str(tmp_path / "s")
     write_arrays(url, {"X": np.ones((4, 2))})
-    strays = [os.path.join(url, "zarr.0123abcd.partial"),  # a killed publish
-              os.path.join(url, ".dkern", "zarr.4567cdef.partial")]
-    for path in strays:
+    top, hidden = f"zarr.{'0123abcd' * 4}.partial", f"zarr.{'4567cdef' * 4}.partial"
+    strays = [os.path.join(url, top),  # a killed publish
+              os.path.join(url, ".dkern", hidden)]
+    os.makedirs(os.path.join(url, "downloads"))
+    users = [os.path.join(url, "movie.mkv.partial"),
+             os.path.join(url, "downloads", "data.tar.partial")]
+    for path in strays + users:
         with open(path, "w") as f:
             f.write('{"zarr_format": 3, "node_')
+    for path in users:
+        os.utime(path, (1e9, 1e9))  # old: no grace period protects them
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # zarr's "not recognized as a component" warning
         write_arrays(url, {"y": np.arange(3.0)})
         assert list_arrays(url) == ["X", "y"]
+    assert all(os.path.exists(p) for p in users)
     report = check_store(url)
-    assert report.ok and report.orphans == [".dkern/zarr.4567cdef.partial",
-                                            "zarr.0123abcd.partial"]
-    assert sorted(clean_store(url, min_age=0)) == [".dkern/zarr.4567cdef.partial",
-                                                   "zarr.0123abcd.partial"]
+    assert report.ok and report.orphans == [f".dkern/{hidden}", top]
+    assert sorted(clean_store(url, min_age=0)) == [f".dkern/{hidden}", top]
     assert not any(os.path.exists(p) for p in strays)
+    assert all(os.path.exists(p) for p in users)
 
 
 def test_orphaned_folders_are_reported_then_cleaned_and_data_kept(tmp_path):

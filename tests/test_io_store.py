@@ -33,7 +33,7 @@ def pointer(url, group=""):
 
 
 def version_dirs(path):
-    return sorted(set(os.listdir(os.path.join(path, ".dkern"))) - {"zarr.json"})
+    return sorted(set(os.listdir(os.path.join(path, ".dkern"))) - {"zarr.json", "pointer.json"})
 
 
 def stored_path(url, name, group=""):

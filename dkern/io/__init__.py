@@ -7,6 +7,7 @@ The only dkern package that imports zarr. Data flow::
     store  --check_store / clean_store-->  damage report / leftovers reclaimed
 """
 
+from dkern.io._store import filesystem
 from dkern.io.maintenance import StoreReport, check_store, clean_store
 from dkern.io.read import group_exists, list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
@@ -32,6 +33,7 @@ __all__ = [
     "check_store",
     "clean_store",
     "default_row_chunk",
+    "filesystem",
     "group_exists",
     "is_lazy",
     "is_store_ref",

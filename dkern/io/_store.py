@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,6 +41,7 @@ import zarr
 import zarr.errors
 from crc32c import crc32c
 from dask.base import tokenize
+from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import Store
@@ -53,10 +55,14 @@ if TYPE_CHECKING:
 
 from dkern.errors import StoreError
 
+logger = logging.getLogger(__name__)
+
 POINTER_KEY = "dkern"
 #: 2: version folders named by time and uuid, and a checksummed pointer.
 FORMAT = 2
 VERSIONS_DIR = ".dkern"
+#: The copy of a group's last published pointer in its version tree (:func:`read_pointer`).
+POINTER_COPY = "pointer.json"
 #: The name of a version folder dkern creates (:func:`dkern.io.maintenance.new_folder`).
 FOLDER_NAME = re.compile(r"(\d{8}T\d{6}Z)-[0-9a-f]{16}")
 #: The attribute of a dkern array's own metadata listing the crc32c each chunk file ends
@@ -132,36 +138,51 @@ def metadata_file(url: str, group: str) -> str:
     return "/".join(p for p in (url.rstrip("/"), group, "zarr.json") if p)
 
 
-def missing_part(url: str, group: str) -> tuple[str, bool] | None:
-    """What writing to ``group`` would create: None if the group exists, else the
-    shallowest missing group path (``""``: the store's root group) and whether the
-    store's location itself is new (nothing there at all)."""
+def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+    """The file system and path of a store's location, as :func:`make_store` reads it: a
+    plain path is taken literally (``~`` is a folder named ``~``, ``a::b`` a folder name,
+    as zarr's LocalStore takes them, where fsspec would expand or split them), any URL
+    with ``://`` by fsspec."""
+    if "://" in url and not url.startswith("file://"):
+        return url_to_fs(url)
+    return LocalFileSystem(), os.path.abspath(url.removeprefix("file://"))
+
+
+def missing_part(url: str, group: str) -> tuple[list[str], str | None] | None:
+    """What writing to ``group`` would create: None if the group exists, else the group
+    paths that are not groups yet (``""``: the store's root group), shallowest first, and
+    the shallowest of them whose folder does not exist either (None: every folder exists,
+    only the groups' metadata would be new)."""
     parts = group.split("/") if group else []
-    for depth in range(len(parts) + 1):
-        path = "/".join(parts[:depth])
-        if find_group(url, path) is None:
-            fs, location = url_to_fs(url)
-            return path, path == "" and not fs.exists(location)
-    return None
+    paths = ["/".join(parts[:depth]) for depth in range(len(parts) + 1)]
+    missing = [path for path in paths if find_group(url, path) is None]
+    if not missing:
+        return None
+    fs, location = filesystem(url)
+    new = next((path for path in missing
+                if not fs.exists("/".join(p for p in (location, path) if p))), None)
+    return missing, new
 
 
-def remove_created(url: str, group: str, created: tuple[str, bool]) -> None:
+def remove_created(url: str, group: str, created: tuple[list[str], str | None]) -> None:
     """Undo what a failed write to ``group`` created (see :func:`missing_part`), leaving
-    whatever was there before untouched. Call it holding the group's publish lock; it
-    keeps everything once another writer has published or is writing to ``group``."""
-    path, new_location = created
+    whatever was there before untouched: folders that did not exist go whole, folders that
+    did (a user's plain folder becoming a group) lose only dkern's ``zarr.json`` and
+    ``.dkern``. Call it holding the group's publish lock; it keeps everything once another
+    writer has published or is writing to ``group``."""
+    missing, new = created
     root = find_group(url, group)
     if root is not None and (read_pointer(root, url, group) or _other_folders(root)):
         return
-    fs, location = url_to_fs(url)
-    if new_location:
-        fs.rm(location, recursive=True)
-    elif path == "":  # an existing folder that was not a store: only dkern's own files
-        fs.rm([p for p in (f"{location}/zarr.json", f"{location}/{VERSIONS_DIR}")
-               if fs.exists(p)], recursive=True)
-    else:
-        parent, _, name = path.rpartition("/")
-        del _open(url, parent, "a")[name]
+    fs, location = filesystem(url)
+    for path in missing:
+        folder = "/".join(p for p in (location, path) if p)
+        if path == new:
+            fs.rm(folder, recursive=True)
+            return
+        fs.rm([p for p in (f"{folder}/zarr.json", f"{folder}/{VERSIONS_DIR}")
+               if fs.exists(p) and not os.path.islink(p)],  # a link is the user's
+              recursive=True)
 
 
 def _other_folders(root: zarr.Group) -> bool:
@@ -172,8 +193,16 @@ def _other_folders(root: zarr.Group) -> bool:
 
 
 def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
-    """The group's dkern pointer table, or ``{}`` for a group dkern never wrote."""
+    """The group's dkern pointer table, or ``{}`` for a group dkern never wrote.
+
+    When ``zarr.json`` has lost it (another tool rewrote the group's attributes: xarray's
+    ``to_zarr(mode="a")`` replaces them), the copy each publish leaves in ``.dkern``
+    (:data:`POINTER_COPY`) stands in, with the same checks, and the next publish puts it
+    back: otherwise every published version would look unreferenced, and be collected.
+    """
     pointer = root.attrs.get(POINTER_KEY)
+    if pointer is None:
+        pointer = _pointer_copy(root, url, group)
     if pointer is None:
         return {}
     if not isinstance(pointer, dict) or pointer.get("format") != FORMAT:
@@ -192,6 +221,35 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
         )
     check_entries(pointer.get("arrays"), url, group)
     return pointer
+
+
+def _pointer_copy(root: zarr.Group, url: str, group: str) -> Any:
+    """The pointer copied into ``.dkern`` by the last publish (parsed, not yet checked), or
+    None when there is none."""
+    base = local_dir(url, "")
+    if base is not None:
+        check_no_links(url, group, base, [*(group.split("/") if group else []), VERSIONS_DIR])
+    raw = read_file(root.store, "/".join(p for p in (root.path, VERSIONS_DIR, POINTER_COPY)
+                                         if p))
+    if raw is None:
+        return None
+    try:
+        pointer = json.loads(raw)
+    except ValueError:
+        _refuse(url, group, f"zarr.json has none and its copy {POINTER_COPY!r} is not JSON")
+    logger.warning("%s: zarr.json has lost its dkern pointer (another tool rewrote the "
+                   "group's attributes, as xarray's to_zarr(mode='a') does); reading version "
+                   "%s from its copy in %s/%s, which the next dkern write restores",
+                   where(url, group), pointer.get("version") if isinstance(pointer, dict)
+                   else "?", VERSIONS_DIR, POINTER_COPY)
+    return pointer
+
+
+def write_pointer_copy(root: zarr.Group, pointer: dict[str, Any]) -> None:
+    """Copy a just-published (sealed) pointer to ``.dkern``; see :func:`read_pointer`."""
+    key = "/".join(p for p in (root.path, VERSIONS_DIR, POINTER_COPY) if p)
+    data = json.dumps(pointer, sort_keys=True).encode()
+    sync(root.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
 
 def check_entries(arrays: Any, url: str, group: str) -> None:
@@ -230,8 +288,16 @@ def check_entries(arrays: Any, url: str, group: str) -> None:
 
 
 def reserved_name(name: str) -> bool:
-    """Whether a name clashes with zarr's or dkern's own files in a group's folder."""
-    return name.startswith((".", "__", "zarr.")) or name.endswith(".partial")
+    """Whether a name clashes with zarr's or dkern's own files in a group's folder, or
+    holds a backslash (zarr reads it as a path separator: the array would be written
+    somewhere other than its name)."""
+    return name.startswith((".", "__", "zarr.")) or name.endswith(".partial") or "\\" in name
+
+
+#: The temporary files zarr (and dkern's link swaps) write and rename into place:
+#: ``<name>.<32 hex digits>.partial``. Only these are a killed write's leftovers to collect;
+#: any other ``*.partial`` (a browser's download) is the user's.
+LEFTOVER = re.compile(r"[^/]*\.[0-9a-f]{32}\.partial")
 
 
 def check_no_links(url: str, group: str, base: str, parts: list[str]) -> None:
@@ -262,7 +328,7 @@ def _refuse(url: str, group: str, problem: str) -> None:
 def local_dir(url: str, group: str) -> str | None:
     """The group's folder when the store is on local disk (a path, or any fsspec URL of
     the local file system: ``file://``, ``local://``); None for other fsspec URLs."""
-    if "://" in url or "::" in url:
+    if "://" in url:  # as make_store: a plain path is a local folder, '::' or not
         fs, path = url_to_fs(url)
         if not isinstance(fs, LocalFileSystem):
             return None

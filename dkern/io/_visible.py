@@ -6,8 +6,8 @@ xarray know nothing of it. On local disk each publish therefore also places, at
 swapped atomically (a new link renamed over the old one): a reader opening ``name``
 gets the old complete array or the new complete one, never a mix. Links dkern placed
 are recognised by their target, ``.dkern/<version folder>/<name>``; any other link or
-file at a name is the user's. dkern reads and deletes nothing through a link (only the
-link itself is ever removed). On other fsspec stores (object stores have no links)
+file at a name is the user's, and stays. dkern reads and deletes nothing through a link
+(only its own links are ever removed). On other fsspec stores (object stores have no links)
 arrays stay behind the pointer, readable by dkern only.
 
 Consolidated metadata (xarray's ``to_zarr`` writes it) of the group and the groups above
@@ -57,8 +57,10 @@ def show_published(url: str, group: str, pointer: dict[str, Any], aside: str,
         path = os.path.join(base, name)
         if os.path.islink(path) and os.readlink(path) == entry["path"]:
             continue
-        if os.path.lexists(path) and not os.path.islink(path):
-            if name not in replacing:
+        if os.path.lexists(path) and not is_own_link(path, name):
+            # a user's file, folder or link; only a plain array the overwrite check allowed
+            # makes room (a link is never followed, and never replaced)
+            if name not in replacing or os.path.islink(path):
                 logger.warning("%s: %r is not linked to the array dkern published under that "
                                "name: something else is there (plain readers see it, dkern "
                                "reads its own)", where(url, group), path)

@@ -3,7 +3,8 @@
 Every write fills a version folder ``.dkern/<UTC time>-<random>`` of its own, then
 publishes it. What no pointer lists is garbage once no writer is filling it: folders of
 writes that were killed or refused, arrays a publish superseded whose deletion failed,
-and the ``*.partial`` temporary files zarr leaves when a process dies mid-file.
+and the ``<name>.<32 hex>.partial`` temporary files zarr leaves when a process dies
+mid-file (a user's other ``*.partial`` files are left alone).
 Each publish collects these on local disk (under the publish lock, skipping folders a
 live writer leases); :func:`clean_store` does it on demand, for fsspec stores too.
 """
@@ -31,6 +32,8 @@ from dkern.io import _store
 from dkern.io._lock import publish_lock, unleased
 from dkern.io._store import (
     FOLDER_NAME,
+    LEFTOVER,
+    POINTER_COPY,
     VERSIONS_DIR,
     Url,
     check_no_links,
@@ -244,7 +247,7 @@ def _remove(store: Store, url: str, group: str, path: str) -> None:
     base = local_dir(url, group)
     if base is not None and os.path.islink(os.path.join(base, path)):
         os.unlink(os.path.join(base, path))
-    elif path.endswith(".partial"):
+    elif _is_leftover(path):
         sync(store.delete(key))
     else:
         sync(store.delete_dir(key))
@@ -269,15 +272,19 @@ def _orphans(
     in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}
     listed = [f"{VERSIONS_DIR}/{n}" for n in _list_dir(store, f"{prefix}{VERSIONS_DIR}")]
     unused = [p for p in listed if not p.rpartition("/")[2].startswith("zarr.")
-              and p not in in_use]
-    partials = [p for p in listed if p.endswith(".partial")]
-    partials += [n for n in _list_dir(store, group) if n.endswith(".partial")]
+              and p != f"{VERSIONS_DIR}/{POINTER_COPY}" and p not in in_use]
+    partials = [p for p in listed if _is_leftover(p)]
+    partials += [n for n in _list_dir(store, group) if _is_leftover(n)]
     if deep:  # inside unused folders they go with the folder, once its lease is free
         partials += [key for key in _own_files(url, group, store)
-                     if key.endswith(".partial")
-                     and not key.startswith(tuple(f"{p}/" for p in unused))]
+                     if _is_leftover(key) and not key.startswith(tuple(f"{p}/" for p in unused))]
     return sorted({p for p in unused if _folder_age(p) >= min_age}
                   | {p for p in partials if _file_age(url, group, p) >= min_age})
+
+
+def _is_leftover(path: str) -> bool:
+    """Whether the file is a temporary file zarr or dkern left (:data:`LEFTOVER`)."""
+    return LEFTOVER.fullmatch(path.rpartition("/")[2]) is not None
 
 
 def _own_files(url: str, group: str, store: Store) -> list[str]:

@@ -48,7 +48,9 @@ from dkern.io._store import (
     CHUNK_CRCS,
     FORMAT,
     POINTER_KEY,
+    VERSIONS_DIR,
     Url,
+    check_no_links,
     file_digest,
     find_group,
     local_dir,
@@ -61,6 +63,7 @@ from dkern.io._store import (
     reserved_name,
     sealed,
     where,
+    write_pointer_copy,
 )
 from dkern.io._visible import show_published
 from dkern.io.maintenance import LOCAL_GRACE_S, collect_orphans, new_folder
@@ -134,6 +137,9 @@ def write_arrays(
     url = os.fspath(url)
     group = _checked_group(group)
     items = _checked_items(arrays)
+    base = local_dir(url, "")
+    if base is not None:  # a group or version folder that is a link would lead elsewhere
+        check_no_links(url, group, base, [*(group.split("/") if group else []), VERSIONS_DIR])
     new_attrs = _checked_attrs(attrs)
     names = _checked_dims(dims, items)
     current = find_group(url, group)
@@ -147,6 +153,7 @@ def write_arrays(
                              f"{list(names[name])}, but {name} has {x.ndim} (shape "
                              f"{x.shape}); name one per axis.")
     present = set(plain_members(current)) if current is not None else set()
+    _check_not_groups(url, group, current, [n for n, _ in items if n in present])
     _check_overwrite(url, group, [n for n, _ in items], set(listed), present,
                      overwrite=overwrite, replace_all=replace_all)
     created = missing_part(url, group) if current is None else None
@@ -193,10 +200,10 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
     for name in arrays:
         if not isinstance(name, str) or not name or "/" in name or reserved_name(name):
             raise ValueError(
-                f"array names must be non-empty strings without '/' that start with neither "
-                f"'.', '__' nor 'zarr.' and do not end in '.partial' (names zarr and dkern "
-                f"use for their own files); got {name!r}. Rename the array, or pass group= "
-                "for nesting."
+                f"array names must be non-empty strings without '/' or '\\' that start with "
+                f"neither '.', '__' nor 'zarr.' and do not end in '.partial' (names zarr and "
+                f"dkern use for their own files; zarr reads '\\' as '/'); got {name!r}. Rename "
+                "the array, or pass group= for nesting."
             )
     return list(arrays.items())
 
@@ -230,8 +237,9 @@ def _checked_group(group: str) -> str:
     bad = [p for p in parts if not p or reserved_name(p)]
     if bad:
         raise ValueError(
-            f"group path components must be non-empty, start with neither '.', '__' nor "
-            f"'zarr.' and not end in '.partial'; got {group!r} (component {bad[0]!r}). Choose "
+            f"group path components must be non-empty, hold no '\\', start with neither '.', "
+            f"'__' nor 'zarr.' and not end in '.partial'; got {group!r} (component "
+            f"{bad[0]!r}). Choose "
             "another name: names starting with '.' are dkern's hidden version folders, "
             "'zarr.json' is a group's metadata file, '*.partial' a killed write's leftover."
         )
@@ -293,6 +301,26 @@ def _is_stored(url: str, group: str, name: str, x: Any, listed: dict,
             and chunk_rows in (None, entry["chunks"][0]))
 
 
+def _check_not_groups(url: str, group: str, current: zarr.Group | None,
+                      names: list[str]) -> None:
+    """Refuse to write an array where a group is (overwrite replaces arrays, never a group
+    with what it holds)."""
+    groups = [n for n in names if _is_group(current, n)]
+    if groups:
+        raise StoreError(
+            f"{where(url, group)} has groups named {groups}, where this write would put "
+            "arrays; overwrite=True replaces arrays only, never a group and what it holds. "
+            "Write the arrays under other names, or delete the groups yourself first."
+        )
+
+
+def _is_group(root: zarr.Group | None, name: str) -> bool:
+    try:
+        return isinstance(root.get(name), zarr.Group)
+    except (ValueError, TypeError, KeyError):  # damaged metadata: not provably an array
+        return True
+
+
 def _check_overwrite(url: str, group: str, names: list[str], listed: set[str],
                      present: set[str], *, overwrite: bool, replace_all: bool) -> None:
     replaced = listed if replace_all else listed & set(names)
@@ -321,9 +349,10 @@ def _write_and_publish(
                 root = open_group(url, group, mode="a")
                 before = read_pointer(root, url, group)
                 _check_unchanged(url, group, before.get("arrays", {}), seen)
-                after = _merged(before, {**kept, **entries}, new_attrs, replace_all)
-                root.update_attributes({POINTER_KEY: sealed(after)})  # the publish
+                after = sealed(_merged(before, {**kept, **entries}, new_attrs, replace_all))
+                root.update_attributes({POINTER_KEY: after})  # the publish
                 published = True
+                write_pointer_copy(root, after)
                 aside = _show_quietly(url, group, after, replacing)
                 _collect_quietly(url, group, after)
         finally:

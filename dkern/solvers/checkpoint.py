@@ -35,10 +35,9 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from fsspec.core import url_to_fs
 
 from ..errors import DkernError
-from ..io import open_array, read_attrs, write_arrays
+from ..io import filesystem, open_array, read_attrs, write_arrays
 from ._checks import integer
 
 logger = logging.getLogger(__name__)
@@ -128,7 +127,7 @@ class Checkpoint:
 
     def _meta(self) -> dict[str, Any] | None:
         """The checkpoint's attributes; None when there is none; an error for other stores."""
-        fs, path = url_to_fs(self.url)
+        fs, path = filesystem(self.url)
         if not fs.exists(path) or (fs.isdir(path) and not fs.ls(path)):
             return None
         try:
@@ -161,7 +160,7 @@ def remove_checkpoint(url: Any) -> None:
     """
     url = os.fspath(url)
     if Checkpoint(url, 1, {}, "")._meta() is not None:
-        fs, path = url_to_fs(url)
+        fs, path = filesystem(url)
         fs.rm(path, recursive=True)
         logger.info("removed checkpoint %r", url)
 

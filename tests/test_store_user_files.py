@@ -1,0 +1,179 @@
+"""What a write never touches: the user's own folders, links and files in a store, its
+groups, other tools' rewrites of its metadata, and places the path does not name.
+
+Each case is one an adversarial review found deleting or misplacing data: a failed write
+into a user's plain folder removed the folder; a group or ``.dkern`` that is a link to
+elsewhere was written through when the group had no pointer yet; xarray's
+``to_zarr(mode="a")`` dropped the pointer from ``zarr.json`` and the next dkern write
+collected every published version; ``~`` and ``::`` in a local path meant one folder to
+zarr and another to the clean-up; ``overwrite=True`` on a group's name deleted the group;
+a backslash in a name was stored as a path; a user's link at a name was replaced.
+"""
+
+import json
+import logging
+import os
+import shutil
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from dkern.errors import StoreError
+from dkern.io import list_arrays, open_array, write_array, write_arrays
+from dkern.solvers.checkpoint import remove_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def synchronous():
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+def failing(n: int = 10) -> da.Array:
+    """A dask array whose computation fails, as a worker error mid-write does."""
+    def fail(block):
+        raise RuntimeError("a worker failed mid-write")
+    return da.ones(n, chunks=5).map_blocks(fail, dtype=float)
+
+
+@pytest.mark.parametrize("path", ["notes/pred", "notes/sub/pred"])
+def test_a_failed_write_into_a_users_plain_folder_keeps_the_folder(tmp_path, path):
+    """The group's folder existed (the user's, not a Zarr group): a failed write removes
+    only what it created there, and deeper folders it created whole."""
+    url = str(tmp_path / "s.zarr")
+    write_arrays(url, {"X": np.ones((10, 2))})
+    os.makedirs(tmp_path / "s.zarr" / "notes")
+    (tmp_path / "s.zarr" / "notes" / "lab-notebook.md").write_text("three months of notes")
+    with pytest.raises(RuntimeError, match="mid-write"):
+        write_array(failing(), url, path)
+    assert sorted(os.listdir(tmp_path / "s.zarr" / "notes")) == ["lab-notebook.md"]
+    np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones((10, 2)))
+
+
+@pytest.mark.parametrize("link, path, refused", [("g", "g/h/pred", True),
+                                                  ("g/.dkern", "g/pred", True),
+                                                  ("g/.dkern", "g/h/pred", False)])
+def test_a_linked_group_or_version_tree_is_never_written_through(tmp_path, link, path,
+                                                                 refused):
+    """A link to a folder outside the store, at a group that holds no pointer yet or at its
+    version tree: a write to that group is refused before anything is written; a write
+    below it, which does not use that tree, succeeds; a failed write's clean-up never
+    reaches the folder either."""
+    outside = tmp_path / "home-docs"
+    outside.mkdir()
+    (outside / "private.txt").write_text("x")
+    url = tmp_path / "s.zarr"
+    write_arrays(str(url), {"X": np.ones(3)})
+    if link == "g/.dkern":
+        (url / "g").mkdir()
+    os.symlink(outside, url / link)
+    if refused:
+        for x in (np.ones(4), failing()):
+            with pytest.raises(StoreError, match="symbolic link"):
+                write_array(x, str(url), path)
+    else:
+        with pytest.raises(RuntimeError, match="mid-write"):
+            write_array(failing(), str(url), path)
+        assert os.path.islink(url / link)
+        write_array(np.ones(4), str(url), path)
+        np.testing.assert_array_equal(open_array(str(url), path).compute(), np.ones(4))
+    assert sorted(os.listdir(outside)) == ["private.txt"]
+
+
+def test_a_pointer_dropped_by_xarray_is_restored_and_no_data_is_collected(tmp_path, caplog):
+    """xarray's ``to_zarr(mode="a")`` replaces the root's attributes, dkern's pointer with
+    them. dkern then reads the pointer's copy in ``.dkern`` (saying so), and its next write
+    restores it: every array stays readable, and xarray's new variable too."""
+    xr = pytest.importorskip("xarray")
+    url = str(tmp_path / "s.zarr")
+    X, y = np.arange(20.0).reshape(10, 2), np.arange(10.0)
+    write_arrays(url, {"X": X, "y": y}, dims={"X": ("sample", "feature"), "y": ("sample",)})
+    ds = xr.open_zarr(url, consolidated=False)
+    xr.Dataset({"residual": ("sample", ds["y"].values * 0)}).to_zarr(
+        url, mode="a", consolidated=False)
+    with open(os.path.join(url, "zarr.json")) as f:
+        assert "dkern" not in json.load(f)["attributes"]  # what xarray did
+    with caplog.at_level(logging.WARNING, logger="dkern.io._store"):
+        np.testing.assert_array_equal(open_array(url, "X").compute(), X)
+    assert "lost its dkern pointer" in caplog.text
+    write_array(np.ones(10), url, "pred", dims=("sample",))
+    with open(os.path.join(url, "zarr.json")) as f:
+        assert "dkern" in json.load(f)["attributes"]
+    for name, value in (("X", X), ("y", y), ("pred", np.ones(10))):
+        np.testing.assert_array_equal(open_array(url, name).compute(), value)
+    assert set(xr.open_zarr(url, consolidated=False).data_vars) >= {"X", "y", "pred", "residual"}
+
+
+def test_tilde_and_double_colon_paths_name_one_folder_for_every_step(tmp_path, monkeypatch):
+    """``~`` and ``::`` in a local path are literal, as zarr takes them: a failed write to
+    ``~/s.zarr`` cleans up ``./~/s.zarr``, never ``$HOME/s.zarr``; removing checkpoint
+    ``~/ckpt`` leaves ``$HOME/ckpt``; a write to ``a::b.zarr`` leaves the store ``b.zarr``
+    (which fsspec would take it for) alone."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / "s.zarr").mkdir(parents=True)
+    (home / "ckpt").mkdir()
+    (home / "ckpt" / "thesis.tex").write_text("x")
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    write_arrays(str(home / "s.zarr"), {"X": np.arange(3.0)})
+    before = sorted(os.listdir(home / "s.zarr"))
+    with pytest.raises(RuntimeError, match="mid-write"):
+        write_array(failing(), "~/s.zarr", "X")
+    assert sorted(os.listdir(home / "s.zarr")) == before
+    np.testing.assert_array_equal(open_array(str(home / "s.zarr"), "X").compute(),
+                                  np.arange(3.0))
+    remove_checkpoint("~/ckpt")  # nothing there: ./~/ckpt does not exist
+    assert os.listdir(home / "ckpt") == ["thesis.tex"]
+    write_arrays("b.zarr", {"X": np.arange(3.0), "y": np.arange(3.0)})
+    write_arrays("a::b.zarr", {"y": np.ones(2)})
+    assert os.path.isdir(work / "a::b.zarr")
+    np.testing.assert_array_equal(open_array("b.zarr", "y").compute(), np.arange(3.0))
+    np.testing.assert_array_equal(open_array("a::b.zarr", "y").compute(), np.ones(2))
+
+
+def test_overwrite_never_replaces_a_group(tmp_path):
+    """A name that is a group (a GP's mean and std, xarray's group) is refused with or
+    without overwrite, naming it as a group; the group and what it holds stay."""
+    url = str(tmp_path / "s.zarr")
+    write_arrays(url, {"X": np.ones((5, 2))})
+    write_arrays(url, {"mean": np.ones(5), "std": np.ones(5)}, group="gp")
+    write_arrays(url, {"deep": np.ones(3)}, group="gp/run2")
+    for overwrite in (False, True):
+        with pytest.raises(StoreError, match=r"groups named \['gp'\].*never a group"):
+            write_array(np.zeros(5), url, "gp", overwrite=overwrite)
+    np.testing.assert_array_equal(open_array(url, "gp/mean").compute(), np.ones(5))
+    np.testing.assert_array_equal(open_array(url, "gp/run2/deep").compute(), np.ones(3))
+
+
+@pytest.mark.parametrize("name", ["run\\1", "a\\..\\b"])
+def test_a_backslash_in_a_name_is_refused(tmp_path, name):
+    """zarr stores a backslash as a path separator, which bricked the whole store."""
+    url = str(tmp_path / "s.zarr")
+    write_arrays(url, {"X": np.ones(3)})
+    with pytest.raises(ValueError, match=r"without '/' or '\\'"):
+        write_arrays(url, {name: np.ones(3)})
+    with pytest.raises(ValueError, match=r"hold no '\\'"):
+        write_arrays(url, {"y": np.ones(3)}, group=name)
+    assert list_arrays(url) == ["X"]
+
+
+def test_a_users_links_at_an_array_name_stay(tmp_path, caplog):
+    """Links the user placed (to a folder, to a file) are the user's, as a file is: a write
+    of those names publishes the arrays for dkern, warns, and leaves the links as they
+    were."""
+    outside = tmp_path / "external"
+    outside.mkdir()
+    url = tmp_path / "s.zarr"
+    write_arrays(str(url), {"X": np.ones(3)})
+    os.symlink(outside, url / "results")
+    os.symlink(tmp_path / "file.txt", url / "notes")
+    with caplog.at_level(logging.WARNING):
+        write_arrays(str(url), {"results": np.ones(3), "notes": np.ones(3)})
+    assert os.readlink(url / "results") == str(outside)
+    assert os.readlink(url / "notes") == str(tmp_path / "file.txt")
+    assert "something else is there" in caplog.text
+    np.testing.assert_array_equal(open_array(str(url), "results").compute(), np.ones(3))
+    shutil.rmtree(outside)
