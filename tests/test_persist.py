@@ -232,6 +232,39 @@ def test_load_sets_only_known_fitted_attributes(tmp_path, name):
         dkern.load(url)
 
 
+def _reseal_fitted(url, **changed):
+    """Change the model's "fitted" attributes as a forger would: the pointer's checksum is
+    recomputed (it detects damage, it is no signature)."""
+    fitted = {**dkern.io.read_attrs(url)["fitted"], **changed}
+    dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"fitted": fitted})
+
+
+def test_a_huge_n_features_in_is_refused_before_anything_is_sized_by_it(tmp_path):
+    """Issue: a forged n_features_in_ = 1e9 made load build a list of that many feature
+    names (8 GB) before comparing it with the arrays' shapes."""
+    import tracemalloc
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    _reseal_fitted(url, n_features_in_=10**8)
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreError, match=r"array 'X_fit' claims shape \(300, 3\).* d = "
+                                             r"100000000 \(n_features_in_ = 100000000 in "
+                                             r"'fitted'\); found d = 3"):
+            dkern.load(url)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**26, peak  # the list alone took 800 MB
+
+
+def test_feature_names_that_do_not_match_n_features_in_are_refused(tmp_path):
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(frame, Y), tmp_path)
+    _reseal_fitted(url, feature_names_in_=["a", "b"])
+    with pytest.raises(StoreError, match=r"has n_features_in_ = 3 but 2 feature_names_in_"):
+        dkern.load(url)
+
+
 def _model_json(url):
     import os
     return os.path.join(url, "zarr.json")

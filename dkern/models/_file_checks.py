@@ -171,18 +171,19 @@ def _check_arrays(url: str, attrs: dict[str, Any], fitted: dict[str, Any],
                          f"{fitted['solver_']!r}; dkern.load knows {list(declared.solvers or ())}."
                          " The file was not written by dkern.save (or was edited after); save "
                          "the model again.")
-    d = fitted["n_features_in_"]
-    names = fitted.get("feature_names_in_", [None] * d)
-    if len(names) != d:
-        raise StoreError(f"{where}: the {kind} model has n_features_in_ = {d} but "
-                         f"{len(names)} feature_names_in_; they must match. The file was edited "
-                         "or damaged; save the model again.")
     try:
         known = declared.known_dims(attrs["params"], fitted)
     except StoreError as err:
         raise StoreError(f"{where}: {err}") from None
     stored = layout.stored(attrs.get("arrays"))
+    # n_features_in_ is only a number in the file: checked against the arrays' shapes
+    # before anything is sized by it
     check_stored_shapes(where, manifest, stored, known)
+    d, names = fitted["n_features_in_"], fitted.get("feature_names_in_")
+    if names is not None and len(names) != d:
+        raise StoreError(f"{where}: the {kind} model has n_features_in_ = {d} but "
+                         f"{len(names)} feature_names_in_; they must match. The file was edited "
+                         "or damaged; save the model again.")
     check_fits_in_memory(where, manifest, [name for name in stored
                                            if not fitted.get(f"{name}_lazy", False)])
 
