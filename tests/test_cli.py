@@ -301,6 +301,29 @@ def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, t
     assert code == 1 and "--overwrite" in err and "overwrite=True" not in err
 
 
+@pytest.mark.parametrize(("flag", "under"), [("--model", "f.txt/model.zarr"),
+                                              ("--model", "f.txt/a/model.zarr"),
+                                              ("--model", "f.txt"),
+                                              ("--checkpoint", "f.txt/ckpt")])
+def test_fit_refuses_a_path_under_a_file_before_fitting(capsys, saved_model, tmp_path,
+                                                        monkeypatch, flag, under):
+    """Issue: --model under a regular file passed the pre-fit check; the whole fit ran,
+    then saving failed with a bare "[Errno 20] Not a directory"."""
+    store, _ = saved_model
+    (tmp_path / "f.txt").write_text("notes")
+    monkeypatch.setattr(dkern.KernelRidge, "fit", lambda *a, **k: pytest.fail("the fit ran"))
+    paths = {"--model": str(tmp_path / "new.zarr"), flag: str(tmp_path / under)}
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fit", "--data", store, "--x", "X_test", "--y", "y_test", "--workers", "1",
+                  *(part for item in paths.items() for part in item)])
+    err = capsys.readouterr().err
+    where = "is" if under == "f.txt" else f"lies under {str(tmp_path / 'f.txt')!r}, which is"
+    assert exc.value.code == 2
+    assert f"{flag} {paths[flag]!r} {where} a file, not a folder" in err
+    assert f"pass a new path in a folder, e.g. in {str(tmp_path)!r}" in err
+    assert (tmp_path / "f.txt").read_text() == "notes" and not (tmp_path / "new.zarr").exists()
+
+
 @pytest.mark.distributed
 def test_quiet_error_output_is_the_message_alone(saved_model):
     """A task's error on a worker (NaN in X, found as its chunk is read): the command prints

@@ -160,6 +160,54 @@ def test_saving_over_a_model_leaves_exactly_the_new_model(tmp_path):
     assert np.array_equal(dkern.load(url).predict(X_NEW), new.predict(X_NEW))
 
 
+def _save_during_load(monkeypatch, model, url):
+    """Make the next ``dkern.load`` publish ``model`` to ``url`` (save, overwrite=True)
+    between reading the file's attributes and reading its arrays, as a writer in another
+    process can."""
+    from dkern.models import persist
+    checked = persist.checked_model_file
+
+    def then_save(*args, **kwargs):
+        found = checked(*args, **kwargs)
+        monkeypatch.setattr(persist, "checked_model_file", checked)
+        dkern.save(model, url, overwrite=True)
+        return found
+    monkeypatch.setattr(persist, "checked_model_file", then_save)
+
+
+def _two_models():
+    first = KernelRidge(Gaussian(0.5), alpha=1e-3, solver="exact").fit(X, Y)
+    second = KernelRidge(Gaussian(3.0), alpha=1e-3, solver="exact").fit(X, Y)  # same shapes
+    return first, second
+
+
+def test_a_save_during_load_is_reported_and_never_mixes_the_two_models(tmp_path, monkeypatch):
+    """Issue: load took the kernel from one read of the pointer and each array from a new
+    read, so a save(overwrite=True) in between gave A's kernel with B's coefficients
+    (predictions of neither); now that load says the model was replaced, and loading
+    again gives B."""
+    first, second = _two_models()
+    url, _ = roundtrip(first, tmp_path)
+    _save_during_load(monkeypatch, second, url)
+    with pytest.raises(StoreError, match=r"the model was replaced while loading it .*call "
+                                         "dkern.load again"):
+        dkern.load(url)
+    np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), second.predict(X_NEW))
+
+
+def test_a_load_reads_every_array_from_the_version_it_started_with(tmp_path, monkeypatch):
+    """While the replaced model's arrays are still on disk (its deletion not yet done, as a
+    reader on a shared file system may see it), load gives exactly that model."""
+    first, second = _two_models()
+    url, _ = roundtrip(first, tmp_path)
+    monkeypatch.setattr(dkern.io.write, "_delete_superseded", lambda *args: None)
+    _save_during_load(monkeypatch, second, url)
+    loaded = dkern.load(url)
+    assert loaded.kernel == first.kernel
+    np.testing.assert_array_equal(loaded.predict(X_NEW), first.predict(X_NEW))
+    np.testing.assert_array_equal(dkern.load(url).predict(X_NEW), second.predict(X_NEW))
+
+
 def test_resaving_a_lazily_loaded_model_to_its_own_url_keeps_it_working(tmp_path):
     Xd = da.from_array(X, chunks=100)
     model = KernelRidge(Laplacian(1.5), alpha=0.2, solver="cg", tol=1e-9,
@@ -181,6 +229,39 @@ def test_load_sets_only_known_fitted_attributes(tmp_path, name):
     dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"fitted": fitted})  # checksummed
     with pytest.raises(StoreError, match=rf"'fitted' attributes name \['{name}'\] \(unknown "
                                          "to dkern.load"):
+        dkern.load(url)
+
+
+def _reseal_fitted(url, **changed):
+    """Change the model's "fitted" attributes as a forger would: the pointer's checksum is
+    recomputed (it detects damage, it is no signature)."""
+    fitted = {**dkern.io.read_attrs(url)["fitted"], **changed}
+    dkern.io.write_arrays(url, {"note": np.zeros(1)}, attrs={"fitted": fitted})
+
+
+def test_a_huge_n_features_in_is_refused_before_anything_is_sized_by_it(tmp_path):
+    """Issue: a forged n_features_in_ = 1e9 made load build a list of that many feature
+    names (8 GB) before comparing it with the arrays' shapes."""
+    import tracemalloc
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(X, Y), tmp_path)
+    _reseal_fitted(url, n_features_in_=10**8)
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreError, match=r"array 'X_fit' claims shape \(300, 3\).* d = "
+                                             r"100000000 \(n_features_in_ = 100000000 in "
+                                             r"'fitted'\); found d = 3"):
+            dkern.load(url)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**26, peak  # the list alone took 800 MB
+
+
+def test_feature_names_that_do_not_match_n_features_in_are_refused(tmp_path):
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    url, _ = roundtrip(KernelRidge(solver="exact").fit(frame, Y), tmp_path)
+    _reseal_fitted(url, feature_names_in_=["a", "b"])
+    with pytest.raises(StoreError, match=r"has n_features_in_ = 3 but 2 feature_names_in_"):
         dkern.load(url)
 
 

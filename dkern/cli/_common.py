@@ -146,6 +146,23 @@ def overlapping(a: str, b: str) -> bool:
     return path_within(a, b) or path_within(b, a)
 
 
+def check_creatable(flag: str, url: str, usage_error: Callable[[str], Any]) -> None:
+    """``usage_error`` naming ``flag`` when the local path ``url`` is a file, or lies under
+    one: no store can be created there, and writing would fail only after the work (a
+    whole fit) with a bare "Not a directory". fsspec URLs are left to their file system."""
+    if "://" in url or "::" in url:
+        return
+    path = node = os.path.abspath(url)
+    while not os.path.lexists(node):  # the nearest part of the path that exists
+        node = os.path.dirname(node)
+    if os.path.isdir(node):
+        return
+    where_ = "is" if node == path else f"lies under {node!r}, which is"
+    usage_error(f"{flag} {url!r} {where_} a file, not a folder, so no Zarr store can be "
+                f"created there; pass a new path in a folder, e.g. in "
+                f"{os.path.dirname(node)!r}")
+
+
 def absolute_store_paths(args: argparse.Namespace) -> None:
     """Make the local store paths a cluster command reads or writes absolute, here on the
     client: workers resolve a relative path against their own folder, which a remote

@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..solvers.checkpoint import CHECKPOINT_EVERY
-from ._common import cluster_client, overlapping, positive_int, solver_arguments
+from ._common import (
+    check_creatable,
+    cluster_client,
+    overlapping,
+    positive_int,
+    solver_arguments,
+)
 
 #: Options of ``dkern fit`` that one model type only takes (attribute -> flag). Their
 #: parser defaults are None, so a given option is told from an absent one; the model
@@ -91,7 +97,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.usage_error(f"--checkpoint {args.checkpoint!r} and {flag} {path!r} are the "
                              "same store or one holds the other; the fit's checkpoints need "
                              "a store of their own, e.g. --checkpoint ckpt.zarr")
-    check_can_save(args.model, overwrite=args.overwrite)  # refuse now, not after the fit
+    for flag, path in (("--model", args.model), ("--checkpoint", args.checkpoint)):
+        if path is not None:  # refuse now, not after the fit
+            check_creatable(flag, path, args.usage_error)
+    check_can_save(args.model, overwrite=args.overwrite)
     model = _gp_model(args) if args.model_type == "gp" else _krr_model(args)
     _check_training_arrays(args)
     monitor = SolveMonitor()

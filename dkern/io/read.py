@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import dask.array as da
@@ -36,7 +37,8 @@ from dkern.io._store import (
     where,
 )
 
-__all__ = ["group_exists", "list_arrays", "open_array", "read_attrs", "read_manifest"]
+__all__ = ["GroupVersion", "group_exists", "list_arrays", "open_array", "read_attrs",
+           "read_manifest", "read_version"]
 
 
 def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
@@ -77,10 +79,17 @@ def open_array(url: Url, path: str, *, verify: bool = True) -> da.Array:
     if entry is None:
         z = _plain_array(root, url, group, name)
         dask_name = f"dk-read-{path}-{tokenize(url, path, z.shape, str(z.dtype), z.chunks)}"
-    else:
-        z = _dkern_array(url, group, name, entry, verify=verify)
-        dask_name = read_name(url, group, name, entry)  # write_arrays recognises it by this name
-    return zarr_to_dask(z, url=url, label=path, name=dask_name)
+        return zarr_to_dask(z, url=url, label=path, name=dask_name)
+    return _published(url, group, name, entry, verify=verify)
+
+
+def _published(url: str, group: str, name: str, entry: dict[str, Any], *,
+               verify: bool) -> da.Array:
+    """The array a pointer entry publishes, as :func:`open_array` returns it."""
+    z = _dkern_array(url, group, name, entry, verify=verify)
+    label = "/".join(p for p in (group, name) if p)
+    # write_arrays recognises a stored array by this name
+    return zarr_to_dask(z, url=url, label=label, name=read_name(url, group, name, entry))
 
 
 def group_exists(url: Url, group: str = "") -> bool:
@@ -136,12 +145,84 @@ def read_manifest(url: Url, group: str = "") -> tuple[dict[str, Any], dict[str, 
         No store or group at ``url``; a pointer of another format, one that fails its
         checksum (edited or damaged), or with entries dkern could not have written.
     """
+    version = read_version(url, group)
+    return version.attrs, version.manifest
+
+
+def read_version(url: Url, group: str = "") -> GroupVersion:
+    """The latest version ``write_arrays`` published in a group, from one read of its
+    pointer table: its attributes, its manifest, and its arrays to open.
+
+    Arrays opened from it are those of this version even after a later write publishes
+    another, so what is read from them always belongs with its attributes (a model's
+    kernel with its coefficients). Such a write deletes this version's arrays once it is
+    published: opening or reading them then raises ``StoreError`` and
+    :meth:`GroupVersion.is_latest` is false.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+        The store: a local path or any fsspec URL.
+    group : str, default ""
+        The group's path in the store (``""``: its top-level group).
+
+    Returns
+    -------
+    GroupVersion
+
+    Raises
+    ------
+    StoreError
+        As :func:`read_manifest`.
+    """
     url = os.fspath(url)
     group = group.strip("/")
-    pointer = read_pointer(open_group(url, group, mode="r"), url, group)
-    manifest = {name: {key: copy.deepcopy(entry[key]) for key in _MANIFEST_FIELDS}
-                for name, entry in pointer.get("arrays", {}).items()}
-    return dict(pointer.get("attrs", {})), manifest
+    return GroupVersion(url, group, read_pointer(open_group(url, group, mode="r"), url, group))
+
+
+@dataclass(frozen=True)
+class GroupVersion:
+    """One published version of a group, as :func:`read_version` read it."""
+
+    url: str
+    group: str
+    pointer: dict[str, Any] = field(repr=False)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """A copy of the user attributes (``{}`` for a group dkern never wrote)."""
+        return copy.deepcopy(self.pointer.get("attrs", {}))
+
+    @property
+    def manifest(self) -> dict[str, dict[str, Any]]:
+        """Copies of each published array's manifest fields, as :func:`read_manifest`."""
+        return {name: {key: copy.deepcopy(entry[key]) for key in _MANIFEST_FIELDS}
+                for name, entry in self.pointer.get("arrays", {}).items()}
+
+    def open_array(self, name: str, *, verify: bool = True) -> da.Array:
+        """The array ``name`` of this version, as :func:`open_array` opens a published one.
+
+        Raises
+        ------
+        StoreError
+            This version has no array ``name``, or its files are gone or damaged (when
+            :meth:`is_latest` is false, a later write deleted them).
+        """
+        entry = self.pointer.get("arrays", {}).get(name)
+        if entry is None:
+            raise StoreError(f"{where(self.url, self.group)}: the version read has no array "
+                             f"{name!r}; it has {sorted(self.pointer.get('arrays', {}))}.")
+        return _published(self.url, self.group, name, entry, verify=verify)
+
+    def is_latest(self) -> bool:
+        """Whether the group's pointer still publishes this version (false as well when
+        the group is gone or its pointer cannot be read)."""
+        try:
+            root = open_group(self.url, self.group, mode="r")
+            now = read_pointer(root, self.url, self.group)
+        except StoreError:
+            return False
+        return now.get("checksum") == self.pointer.get("checksum")
 
 
 def list_arrays(url: Url, group: str = "") -> list[str]:

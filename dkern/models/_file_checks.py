@@ -3,7 +3,7 @@
 ``load`` sets attributes by name from a file's "fitted" scalars, rebuilds a model from its
 "params" and allocates its arrays from the shapes the pointer table claims. Every one of
 those comes from the file, so each is checked first, all from one verified read of the
-store's pointer (:func:`dkern.io.read_manifest`) and before any array is read: the model
+store's pointer (:func:`dkern.io.read.read_version`) and before any array is read: the model
 kind, format and dkern major version; the attributes' types; the "fitted" names (only
 those ``save`` writes, so ``setattr`` never reaches methods or dunders) and each value's
 kind; the solver; the arrays' claimed shapes against each other and the attributes; and
@@ -29,7 +29,7 @@ import psutil
 
 from .._version import __version__
 from ..errors import MemoryLimitError, StoreError
-from ..io import read_manifest
+from ..io.read import GroupVersion
 from ._model_file import OPTIONAL, VALUE_KINDS, ModelFile, is_dtype
 
 #: Layout version of model stores; ``load`` refuses any other. Format 2 is the first
@@ -39,10 +39,11 @@ MODEL_FORMAT = 2
 _REQUIRED = ("kernel", "kernel_is_default", "params", "fitted")
 
 
-def checked_model_file(url: str, models: Mapping[str, type]
+def checked_model_file(url: str, version: GroupVersion, models: Mapping[str, type]
                        ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The model attributes of the store at ``url`` and a copy of their "fitted" scalars,
-    once the file passes every check this module makes; no array has been read.
+    """The model attributes of ``version`` (the store at ``url`` as one read of its pointer
+    found it) and a copy of their "fitted" scalars, once the file passes every check this
+    module makes; no array has been read.
 
     ``models`` are the estimator classes a file may hold, by their "dkern_model" name;
     each declares its file (``_model_file``, :mod:`dkern.models._model_file`).
@@ -50,23 +51,23 @@ def checked_model_file(url: str, models: Mapping[str, type]
     Raises
     ------
     StoreError
-        No store at ``url``, a store that is not a dkern model, a model of another format
-        or dkern major version, or a file that was edited or damaged.
+        A store that is not a dkern model, a model of another format or dkern major
+        version, or a file that was edited or damaged.
     MemoryLimitError
         The arrays loaded into memory claim more bytes than this machine has available.
     """
-    attrs, manifest = _stored(url, models)
+    attrs, manifest = _stored(url, version, models)
     declared: ModelFile = models[attrs["dkern_model"]]._model_file  # type: ignore[attr-defined]
     fitted = _checked_fitted(url, attrs, declared)
     _check_arrays(url, attrs, fitted, manifest, declared)
     return attrs, fitted
 
 
-def _stored(url: str, models: Mapping[str, type]
+def _stored(url: str, version: GroupVersion, models: Mapping[str, type]
             ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The model attributes of ``url``, checked, and its arrays' manifest entries (shape,
+    """The model attributes of ``version``, checked, and its arrays' manifest entries (shape,
     dtype, chunks), both from one read of the store's pointer, before any array is read."""
-    attrs, manifest = read_manifest(url)
+    attrs, manifest = version.attrs, version.manifest
     kind = attrs.get("dkern_model")
     if not isinstance(kind, str) or kind not in models:
         raise StoreError(
@@ -170,18 +171,19 @@ def _check_arrays(url: str, attrs: dict[str, Any], fitted: dict[str, Any],
                          f"{fitted['solver_']!r}; dkern.load knows {list(declared.solvers or ())}."
                          " The file was not written by dkern.save (or was edited after); save "
                          "the model again.")
-    d = fitted["n_features_in_"]
-    names = fitted.get("feature_names_in_", [None] * d)
-    if len(names) != d:
-        raise StoreError(f"{where}: the {kind} model has n_features_in_ = {d} but "
-                         f"{len(names)} feature_names_in_; they must match. The file was edited "
-                         "or damaged; save the model again.")
     try:
         known = declared.known_dims(attrs["params"], fitted)
     except StoreError as err:
         raise StoreError(f"{where}: {err}") from None
     stored = layout.stored(attrs.get("arrays"))
+    # n_features_in_ is only a number in the file: checked against the arrays' shapes
+    # before anything is sized by it
     check_stored_shapes(where, manifest, stored, known)
+    d, names = fitted["n_features_in_"], fitted.get("feature_names_in_")
+    if names is not None and len(names) != d:
+        raise StoreError(f"{where}: the {kind} model has n_features_in_ = {d} but "
+                         f"{len(names)} feature_names_in_; they must match. The file was edited "
+                         "or damaged; save the model again.")
     check_fits_in_memory(where, manifest, [name for name in stored
                                            if not fitted.get(f"{name}_lazy", False)])
 

@@ -55,7 +55,8 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._version import __version__
 from ..errors import DkernError, StoreError
-from ..io import group_exists, open_array, read_attrs, write_arrays
+from ..io import group_exists, read_attrs, write_arrays
+from ..io.read import GroupVersion, read_version
 from ..kernels import Kernel, from_repr, from_sklearn
 from ._file_checks import MODEL_FORMAT, checked_model_file
 from ._model_file import ModelFile, decode_scalars, encode_scalars
@@ -168,14 +169,17 @@ def load(url: str | os.PathLike[str]) -> Model:
     StoreError
         No store at ``url``, a store that is not a dkern model, a model written in
         another format (:data:`MODEL_FORMAT` is the only one; no earlier one was
-        released) or by an incompatible (different major) dkern version, or a model
-        file that was edited or damaged.
+        released) or by an incompatible (different major) dkern version, a model
+        file that was edited or damaged, or one replaced by a ``save(overwrite=True)``
+        while it was loading (its attributes and arrays are all read from the one version
+        found first, never mixed with the new one's; load again).
     MemoryLimitError
         The arrays loaded into memory claim more bytes than this machine has available
         (checked, like everything above, before any array is read).
     """
     url = os.fspath(url)
-    attrs, fitted = checked_model_file(url, MODELS)
+    version = read_version(url)  # attributes and arrays all come from this one version
+    attrs, fitted = checked_model_file(url, version, MODELS)
     cls = MODELS[attrs["dkern_model"]]
     declared: ModelFile = cls._model_file
     layout = declared.layout(fitted.get("solver_"))
@@ -192,8 +196,7 @@ def load(url: str | os.PathLike[str]) -> Model:
                                 else "kernel")
     state = decode_scalars(fitted, layout.kinds())
     state.update({name: None for name in layout.optional})
-    state.update({name: _read(url, name, lazy=fitted.get(f"{name}_lazy", False))
-                  for name in layout.stored(attrs.get("arrays"))})
+    state.update(_read_arrays(version, list(layout.stored(attrs.get("arrays"))), fitted))
     model._set_file_state(state)
     return model
 
@@ -300,6 +303,26 @@ def _existing_attrs(url: str) -> dict[str, Any]:
     return read_attrs(url) if group_exists(url) else {}
 
 
-def _read(url: str, name: str, *, lazy: bool) -> Any:
-    x = open_array(url, name)
+def _read_arrays(version: GroupVersion, names: list[str], fitted: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """The arrays ``names`` of ``version``: lazy where they were saved lazy, else in memory.
+
+    A ``save(overwrite=True)`` that publishes meanwhile deletes them: that is reported as
+    such (its traces, a missing array or chunk, would otherwise read as a damaged store).
+    """
+    try:
+        return {name: _read(version, name, lazy=fitted.get(f"{name}_lazy", False))
+                for name in names}
+    except (StoreError, OSError) as err:
+        if version.is_latest():
+            raise
+        raise StoreError(
+            f"{version.url!r}: the model was replaced while loading it (another "
+            "dkern.save(..., overwrite=True) published a new model and deleted the arrays of "
+            "the one being read). Nothing was loaded; call dkern.load again to load the new "
+            "model.") from err
+
+
+def _read(version: GroupVersion, name: str, *, lazy: bool) -> Any:
+    x = version.open_array(name)
     return x if lazy else x.compute()
