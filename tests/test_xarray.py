@@ -125,6 +125,36 @@ def test_density_and_neighbours_keep_the_sample_coordinate(opened):
         X, LABELS).kneighbors(X[:4])[1])
 
 
+def test_radius_neighbours_answer_with_data_arrays_of_the_sample_coordinate(opened):
+    """Radius regression, votes and neighbour lists of xarray rows (a lazy Dataset, 4
+    chunks) are DataArrays along time with its coordinate, holding scikit-learn's
+    numbers (the same estimators on numpy, which test_radius_neighbors checks)."""
+    from sklearn.neighbors import RadiusNeighborsClassifier as SklearnRNC
+    from sklearn.neighbors import RadiusNeighborsRegressor as SklearnRNR
+
+    from dkern.models import RadiusNeighborsClassifier, RadiusNeighborsRegressor
+
+    labels = xr.DataArray(LABELS, dims="time", coords={"time": TIME})
+    reg = RadiusNeighborsRegressor(1.5, weights="distance").fit(opened[NAMES], opened["y"])
+    clf = RadiusNeighborsClassifier(1.5, outlier_label="up").fit(opened[NAMES], labels)
+    pred, proba, votes = reg.predict(opened), clf.predict_proba(opened), clf.predict(opened)
+    assert pred.dims == votes.dims == ("time",) and proba.dims == ("time", "class")
+    for result in (pred, proba, votes):
+        np.testing.assert_array_equal(result["time"].values, TIME.values)
+    assert list(proba["class"].values) == ["down", "up"]
+    np.testing.assert_allclose(pred.values, SklearnRNR(1.5, weights="distance").fit(
+        X, Y).predict(X), rtol=0, atol=1e-12)
+    theirs = SklearnRNC(1.5, outlier_label="up").fit(X, LABELS)
+    np.testing.assert_allclose(proba.values, theirs.predict_proba(X), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(votes.values, theirs.predict(X))
+    dist, ind = reg.radius_neighbors(opened.isel(time=slice(0, 5)), sort_results=True)
+    assert dist.dims == ind.dims == ("time",)
+    np.testing.assert_array_equal(ind["time"].values, TIME.values[:5])
+    want = theirs.radius_neighbors(X[:5], sort_results=True)[1]
+    for ours, expected in zip(ind.values, want, strict=True):
+        np.testing.assert_array_equal(ours, expected)
+
+
 def test_saved_models_keep_the_sample_dimension_and_feature_names(tmp_path, opened):
     model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="nystrom", n_centers=40,
                         random_state=0).fit(opened[NAMES], opened["y"])
