@@ -335,6 +335,41 @@ def test_numpy_dask_zarr_and_store_inputs_give_the_same_model(tmp_path):
                 np.testing.assert_allclose(std.compute(), want[1], rtol=1e-7)
 
 
+def test_cg_std_of_dask_test_rows_never_brings_them_to_the_client(monkeypatch):
+    """solver='cg' with a dask X* of 60 rows in 4 batches of 16: no call turns X* (or a
+    60-row slab of it) into numpy on the client, each batch's right-hand sides are built
+    on the cluster, and the std equals the one of numpy X* to 1e-12."""
+    from dkern.models.posteriors import cg as cg_posterior
+
+    X, y, Xt = X_TRAIN[:200], Y_TRAIN[:200], X_TEST[:60]
+    with dask.config.set(scheduler="synchronous"):
+        gp = our_gp(optimizer=None, solver="cg", random_state=0).fit(X, y)
+        monkeypatch.setattr(cg_posterior, "CG_VARIANCE_BYTES", 48 * 200 * 16)  # 16 columns
+        want = gp.predict(Xt, return_std=True)[1]
+        lazy_rows = da.from_array(Xt, chunks=(25, -1))
+        computed = []
+
+        def guarded(compute):
+            def wrapper(*args, **kwargs):
+                rows = [a.shape for a in args if isinstance(a, da.Array) and a.ndim == 2
+                        and a.shape[1] == Xt.shape[1]]
+                assert not rows, f"test rows {rows} computed on the client"
+                computed.append(len(args))
+                return compute(*args, **kwargs)
+            return wrapper
+
+        monkeypatch.setattr(dask, "compute", guarded(dask.compute))
+        monkeypatch.setattr(dask.base, "compute", guarded(dask.base.compute))
+        monkeypatch.setattr(da.Array, "__array__", lambda *_, **__: pytest.fail(
+            "a dask array was converted to numpy on the client"))
+        mean, std = gp.predict(lazy_rows, return_std=True)
+        monkeypatch.undo()
+        assert isinstance(mean, da.Array) and isinstance(std, da.Array)
+        assert std.chunks == lazy_rows.chunks[:1]
+        np.testing.assert_allclose(std.compute(), want, rtol=0, atol=1e-12)
+    assert computed  # the guard saw the solves' computes
+
+
 @pytest.mark.parametrize("solver", ["exact", "cg"])
 def test_predict_writes_mean_and_std_to_a_zarr_group(tmp_path, solver):
     X, y, Xt = X_TRAIN[:150], Y_TRAIN[:150], X_TEST[:70]

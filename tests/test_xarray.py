@@ -125,6 +125,36 @@ def test_density_and_neighbours_keep_the_sample_coordinate(opened):
         X, LABELS).kneighbors(X[:4])[1])
 
 
+def test_radius_neighbours_answer_with_data_arrays_of_the_sample_coordinate(opened):
+    """Radius regression, votes and neighbour lists of xarray rows (a lazy Dataset, 4
+    chunks) are DataArrays along time with its coordinate, holding scikit-learn's
+    numbers (the same estimators on numpy, which test_radius_neighbors checks)."""
+    from sklearn.neighbors import RadiusNeighborsClassifier as SklearnRNC
+    from sklearn.neighbors import RadiusNeighborsRegressor as SklearnRNR
+
+    from dkern.models import RadiusNeighborsClassifier, RadiusNeighborsRegressor
+
+    labels = xr.DataArray(LABELS, dims="time", coords={"time": TIME})
+    reg = RadiusNeighborsRegressor(1.5, weights="distance").fit(opened[NAMES], opened["y"])
+    clf = RadiusNeighborsClassifier(1.5, outlier_label="up").fit(opened[NAMES], labels)
+    pred, proba, votes = reg.predict(opened), clf.predict_proba(opened), clf.predict(opened)
+    assert pred.dims == votes.dims == ("time",) and proba.dims == ("time", "class")
+    for result in (pred, proba, votes):
+        np.testing.assert_array_equal(result["time"].values, TIME.values)
+    assert list(proba["class"].values) == ["down", "up"]
+    np.testing.assert_allclose(pred.values, SklearnRNR(1.5, weights="distance").fit(
+        X, Y).predict(X), rtol=0, atol=1e-12)
+    theirs = SklearnRNC(1.5, outlier_label="up").fit(X, LABELS)
+    np.testing.assert_allclose(proba.values, theirs.predict_proba(X), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(votes.values, theirs.predict(X))
+    dist, ind = reg.radius_neighbors(opened.isel(time=slice(0, 5)), sort_results=True)
+    assert dist.dims == ind.dims == ("time",)
+    np.testing.assert_array_equal(ind["time"].values, TIME.values[:5])
+    want = theirs.radius_neighbors(X[:5], sort_results=True)[1]
+    for ours, expected in zip(ind.values, want, strict=True):
+        np.testing.assert_array_equal(ours, expected)
+
+
 def test_saved_models_keep_the_sample_dimension_and_feature_names(tmp_path, opened):
     model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="nystrom", n_centers=40,
                         random_state=0).fit(opened[NAMES], opened["y"])
@@ -198,6 +228,70 @@ def test_predictions_written_to_an_xarray_store_open_in_xarray(tmp_path):
     assert check_store(url).ok
 
 
+def _labelled_back(url, name):
+    """The stored prediction ``name`` as xr.open_zarr reads the whole store, along "time"
+    by its own coordinate, whatever its dimension is called."""
+    stored = xr.open_zarr(url)[name]
+    (dim,) = stored.dims
+    return stored.rename({dim: "time"})
+
+
+def test_predictions_of_reordered_rows_are_stored_with_their_own_labels(tmp_path):
+    """X in another order than the store's rows (newest first): each stored prediction
+    carries its row's label, so selecting a day gives that day's prediction; the store's
+    "time" is not reused for rows it does not label in that order."""
+    url = str(tmp_path / "ds.zarr")
+    _dataset().to_zarr(url, mode="w")
+    opened = xr.open_zarr(url)
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(opened[NAMES],
+                                                                       opened["y"])
+    model.predict(opened.isel(time=np.arange(N)[::-1]), out=(url, "pred"))
+    want = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y).predict(X)
+    back = _labelled_back(url, "pred")
+    np.testing.assert_array_equal(back["time"].values, TIME.values[::-1])
+    np.testing.assert_allclose(back.sel(time=TIME).values, want, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(xr.open_zarr(url)["y"].values, Y)
+
+
+def test_predictions_of_a_row_subset_leave_the_store_open_in_xarray(tmp_path):
+    """A prediction of the last 100 days written into the store of all 300: xr.open_zarr
+    still opens the whole store, and each of the 100 predictions carries its day."""
+    url = str(tmp_path / "ds.zarr")
+    _dataset().to_zarr(url, mode="w")
+    opened = xr.open_zarr(url)
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(opened[NAMES],
+                                                                       opened["y"])
+    model.predict(opened.isel(time=slice(200, N)), out=(url, "pred"))
+    want = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y).predict(X)
+    back = _labelled_back(url, "pred")
+    np.testing.assert_array_equal(back["time"].values, TIME.values[200:])
+    np.testing.assert_allclose(back.sel(time=TIME[200:]).values, want[200:], rtol=0,
+                               atol=1e-12)
+    whole = xr.open_zarr(url)
+    assert whole.sizes["time"] == N
+    np.testing.assert_array_equal(whole["a"].values, X[:, 0])
+
+
+def test_gp_predictions_of_other_rows_than_the_group_s_keep_their_labels(tmp_path, opened):
+    """mean and std of 100 days written over the group of all 300 days: they share one
+    dimension of their own, labelled by those days, beside the 300-day coordinate."""
+    url = str(tmp_path / "out.zarr")
+    gp = GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, optimizer=None).fit(
+        opened[NAMES], opened["y"])
+    gp.predict(opened, return_std=True, out=(url, "gp"))
+    gp.predict(opened.isel(time=slice(0, N, 3)), return_std=True, out=(url, "gp"),
+               overwrite=True)
+    written = xr.open_zarr(url, group="gp")
+    want_mean, want_std = gp.predict(X, return_std=True)
+    dim = written["mean"].dims[0]
+    assert written["std"].dims == (dim,) and dim != "time"
+    days = {"time": TIME[::3]}
+    np.testing.assert_allclose(written["mean"].rename({dim: "time"}).sel(days).values,
+                               want_mean[::3], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(written["std"].rename({dim: "time"}).sel(days).values,
+                               want_std[::3], rtol=0, atol=1e-12)
+
+
 def test_gp_mean_and_std_written_as_a_group_open_in_xarray(tmp_path, opened):
     url = str(tmp_path / "out.zarr")
     gp = GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, optimizer=None).fit(
@@ -206,6 +300,7 @@ def test_gp_mean_and_std_written_as_a_group_open_in_xarray(tmp_path, opened):
     written = xr.open_zarr(url, group="gp", consolidated=False)
     want_mean, want_std = gp.predict(X, return_std=True)
     assert written["mean"].dims == written["std"].dims == ("time",)
+    np.testing.assert_array_equal(written["time"].values, TIME.values)  # labels written too
     np.testing.assert_allclose(written["mean"].values, want_mean, rtol=0, atol=1e-12)
     np.testing.assert_allclose(written["std"].values, want_std, rtol=0, atol=1e-12)
 

@@ -92,7 +92,8 @@ def write_arrays(
     url : str or os.PathLike
         The store: a local path or any fsspec URL. Created if missing.
     arrays : mapping of str to numpy.ndarray or dask.array.Array
-        Arrays of shape (n_rows, ...) with integer, float or bool dtype. Dask
+        Arrays of shape (n_rows, ...) with integer, float, bool or datetime64 /
+        timedelta64 dtype (Zarr's own time types, which xarray reads as times). Dask
         arrays are written chunk by chunk and never gathered on the client; one
         that is the array stored under the same name (as ``open_array`` returned
         it) is kept as it is.
@@ -262,9 +263,10 @@ def _as_source(name: str, x: Any, chunk_rows: int | None) -> da.Array:
     """``x`` as a dask array chunked by a regular number of rows, other axes whole."""
     if not isinstance(x, da.Array):
         x = np.asarray(x)
-    if x.dtype.kind not in "biuf":
+    if x.dtype.kind not in "biufmM":
         raise TypeError(
-            f"{name} must have a bool, integer or floating-point dtype; got {x.dtype}. "
+            f"{name} must have a bool, integer or floating-point dtype (or datetime64, "
+            f"timedelta64); got {x.dtype}. "
             f"Convert it first, e.g. {name}.astype(numpy.float64)."
         )
     if x.ndim == 0:

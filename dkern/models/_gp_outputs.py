@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import StoreError
 from ..io import is_store_ref, write_arrays
 from ..operators.in_process import pass_scheduler
-from ._labels import written_dims
+from ._labels import written_arrays
 from ._validation import as_float64, existing_arrays
 
 
@@ -85,9 +85,10 @@ def write_prediction(out: Any, mean: Any, std: Any, overwrite: bool) -> None:
                          "matching. Pass return_std=True to replace both, or write to another "
                          "group (nothing was written).")
     arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
-    dims = {name: written_dims(a.ndim) for name, a in arrays.items()}
-    write_arrays(out[0], arrays, group=out[1], overwrite=overwrite,
-                 dims={name: d for name, d in dims.items() if d is not None})
+    group = out[1].strip("/")
+    arrays, dims = written_arrays(out[0], group, arrays,
+                                  base=group.rpartition("/")[2] or "prediction")
+    write_arrays(out[0], arrays, group=group, overwrite=overwrite, dims=dims)
 
 
 def predictive(posterior: Any, targets: TargetScaling, Xt: Any, return_std: bool, out: Any,

@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..io import group_exists
 from ..io.labelled import (
     LabelledRows,
     as_data_array,
@@ -26,22 +29,148 @@ from ..io.labelled import (
     labelled_rows,
 )
 
-__all__ = ["labelled_fit", "labelled_output", "labelled_score", "written_dims"]
+__all__ = ["labelled_fit", "labelled_output", "labelled_score", "written_arrays"]
+
+logger = logging.getLogger(__name__)
 
 #: The xarray rows a prediction method was called with while it writes to ``out``: the
-#: writer names the stored array's dimensions after them (:func:`written_dims`).
+#: writer names the stored arrays' dimensions after them (:func:`written_arrays`).
 _WRITING_FOR: contextvars.ContextVar[LabelledRows | None] = contextvars.ContextVar(
     "dkern_writing_for", default=None)
 
+#: Coordinate dtypes a store holds as they are (``write_arrays`` takes numbers, bools and
+#: times).
+_STORABLE_KINDS = "biufmM"
 
-def written_dims(ndim: int) -> tuple[str, ...] | None:
-    """Dimension names for a prediction of ``ndim`` axes written to ``out``: X's sample
-    dimension (then ``"output"``) when X was xarray, so that xarray aligns the stored
-    prediction with X's coordinates; None (dkern's default names) otherwise."""
+
+def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
+                   ) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+    """The arrays a prediction method writes to the group ``group`` of ``url`` for ``out``,
+    and their dimension names.
+
+    When X was not xarray: ``arrays`` as they are, and no names (dkern's defaults). When
+    it was, with rows along ``D``, the arrays lie along the dimension xarray pairs them by:
+
+    - ``D`` itself when the group (as ``xr.open_zarr`` reads it, the arrays being replaced
+      left out) has no ``D``, and then X's coordinate along ``D`` is written beside them;
+    - ``D`` when the group's rows along ``D`` are X's rows: the same coordinate values in
+      the same order (or, X having no coordinate there, as many rows, paired by position
+      as xarray pairs unlabelled rows);
+    - otherwise (a subset or a reordering of the group's rows) a dimension of their own,
+      ``<base>_<D>``, with X's coordinate under that name: reusing ``D`` would pair each
+      prediction with another row's label, or make the group unopenable for its sizes.
+
+    A second axis is ``"output"``, or ``<base>_output`` where the group's ``"output"`` has
+    another length.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+        The store.
+    group : str
+        The group the arrays are written to.
+    arrays : dict of str to array, shape (m,) or (m, k)
+        The predictions by name, one row per row of X.
+    base : str
+        The prefix of dimension names of their own, e.g. the array's name ``"pred"``.
+
+    Returns
+    -------
+    arrays : dict of str to array
+        ``arrays``, plus X's coordinate under its dimension's name when it is written.
+    dims : dict of str to tuple of str
+        The dimension names of each array.
+    """
     rows = _WRITING_FOR.get()
     if rows is None:
+        return dict(arrays), {}
+    present = _group_dataset(url, group, leaving_out=set(arrays))
+    ndim = max(a.ndim for a in arrays.values())
+    row_dim, with_coordinate = _row_dim(rows, present, base)
+    names = (row_dim, _column_dim(arrays, present, base, row_dim))[:ndim]
+    dims = {name: names[:a.ndim] for name, a in arrays.items()}
+    if with_coordinate and rows.dim in rows.coords:
+        coordinate = np.asarray(rows.coords[rows.dim].values)
+        if coordinate.dtype.kind in _STORABLE_KINDS:
+            return {**arrays, row_dim: coordinate}, {**dims, row_dim: (row_dim,)}
+        logger.warning("the predictions written to %s lie along %r, without X's %r "
+                       "coordinate: its dtype %s is not one a dkern store holds (numbers, "
+                       "bools and times). Attach it after reading, e.g. "
+                       "pred.assign_coords(%s=X[%r].values).", group or "/", row_dim,
+                       rows.dim, coordinate.dtype, row_dim, rows.dim)
+    return dict(arrays), dims
+
+
+def _group_dataset(url: Any, group: str, leaving_out: set[str]) -> Any:
+    """The group as ``xr.open_zarr`` reads it, without the variables in ``leaving_out``
+    (the arrays a write replaces): an empty Dataset for a group not there yet, None for
+    one xarray cannot open."""
+    import xarray as xr  # present: X was an xarray object
+
+    if not group_exists(url, group):
+        return xr.Dataset()
+    try:
+        with warnings.catch_warnings():  # a group without consolidated metadata
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ds = xr.open_zarr(url, group=group or None, chunks=None)
+    except Exception as err:  # noqa: BLE001 - any reason leaves the same choice
+        logger.info("xarray cannot open %s (%s): the predictions get dimensions of their "
+                    "own", group or "/", err)
         return None
-    return (rows.dim, "output")[:ndim]
+    return ds.drop_vars([v for v in leaving_out if v in ds.variables])
+
+
+def _row_dim(rows: LabelledRows, present: Any, base: str) -> tuple[str, bool]:
+    """The rows' dimension name in the group ``present``, and whether X's coordinate is
+    written with it (not when the group's own labels the same rows)."""
+    if present is not None and rows.dim not in present.sizes \
+            and rows.dim not in present.variables:
+        return rows.dim, True
+    if present is not None and _same_rows(rows, present):
+        return rows.dim, False
+    own = _free_name(present, f"{base}_{rows.dim}")
+    logger.info("X's rows along %r are not the store's rows along it: the predictions lie "
+                "along %r", rows.dim, own)
+    return own, True
+
+
+def _same_rows(rows: LabelledRows, present: Any) -> bool:
+    """Whether the group's rows along X's sample dimension are X's rows, in X's order."""
+    dim = rows.dim
+    if present.sizes.get(dim) != rows.n_rows:
+        return False
+    ours = rows.coords[dim].values if dim in rows.coords else None
+    theirs = present[dim].values if dim in present.coords else None
+    if ours is None or theirs is None:  # unlabelled rows pair by position, as in xarray
+        return ours is None
+    return bool(ours.dtype == theirs.dtype and np.array_equal(ours, theirs))
+
+
+def _column_dim(arrays: dict[str, Any], present: Any, base: str, row_dim: str) -> str:
+    """A 2-D prediction's second dimension: ``"output"`` unless the group's has another
+    length (or the group cannot be read), or the rows are along ``"output"``."""
+    width = next((a.shape[1] for a in arrays.values() if a.ndim == 2), None)
+    if width is None or (row_dim != "output" and present is not None
+                         and present.sizes.get("output", width) == width):
+        return "output"
+    return _free_name(present, f"{base}_output", besides=row_dim)
+
+
+def _free_name(present: Any, name: str, besides: str | None = None) -> str:
+    """``name``, or ``name`` with a number, along which nothing of the group lies but a
+    coordinate of that name (one an earlier write of the same predictions left), and
+    other than ``besides`` (the rows' dimension, for the columns')."""
+    candidate, number = name, 0
+    while candidate == besides or (present is not None and _taken(present, candidate)):
+        number += 1
+        candidate = f"{name}_{number}"
+    return candidate
+
+
+def _taken(present: Any, name: str) -> bool:
+    if name not in present.variables:
+        return name in present.sizes
+    return present[name].dims != (name,) or name in present.drop_vars([name]).sizes
 
 
 def labelled_fit(fit: Callable[..., Any]) -> Callable[..., Any]:

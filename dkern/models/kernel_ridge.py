@@ -15,14 +15,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._failures import worker_failures
 from ..errors import NotPositiveDefiniteError
-from ..io import Rows, is_store_ref, write_array
+from ..io import Rows, is_store_ref, write_arrays
 from ..kernels import Gaussian, Kernel
 from ..operators import gram
 from ..operators.in_process import in_process, pass_scheduler
 from ..operators.nystrom import NystromOperator
 from ..solvers import CHECKPOINT_EVERY, EXACT_MAX_N, falkon, gd, select_centers
 from ..solvers.checkpoint import check_checkpoint
-from ._labels import labelled_fit, labelled_output, labelled_score, written_dims
+from ._labels import labelled_fit, labelled_output, labelled_score, written_arrays
 from ._model_file import DeclaredState, FileLayout, ModelFile, centers_dim, residual_rows_dim
 from ._validation import (
     DefaultKernel,
@@ -413,6 +413,8 @@ def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, 
     if not is_store_ref(out):
         raise TypeError(f"out must be a (url, path) tuple: a str or path-like store and a str "
                         f"array path, e.g. ('preds.zarr', 'pred'); got {out!r}.")
+    group, _, name = out[1].strip("/").rpartition("/")
+    arrays, dims = written_arrays(out[0], group, {name: pred}, base=name)
     # refuses a taken name before computing
-    write_array(pred, *out, overwrite=overwrite, dims=written_dims(pred.ndim))
+    write_arrays(out[0], arrays, group=group, overwrite=overwrite, dims=dims)
     return out

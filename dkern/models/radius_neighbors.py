@@ -22,7 +22,7 @@ from ..backends.keops_backend import log_fallback_once
 from ..io import Rows
 from ..operators import data_rows
 from ..operators.reductions import radius_neighbors
-from ._labels import labelled_fit, labelled_score
+from ._labels import labelled_fit, labelled_output, labelled_score
 from ._model_file import DeclaredState
 from ._validation import (
     check_choice,
@@ -55,7 +55,7 @@ class _RadiusNeighbors(DeclaredState, BaseEstimator):
         _check_radius(self.radius)
         return held_rows(self, X)
 
-    @worker_failures()
+    @labelled_output("distance", "index")
     def radius_neighbors(self, X: Rows | None = None, radius: float | None = None,
                          return_distance: bool = True, sort_results: bool = False) -> Any:
         """The training rows within ``radius`` of each row of X, as scikit-learn's.
@@ -76,7 +76,15 @@ class _RadiusNeighbors(DeclaredState, BaseEstimator):
             Per row, the neighbours' exact distances (float64).
         indices : ndarray of shape (m,), object
             Per row, their rows of ``X_fit_`` (int64). In memory whatever X is.
+
+        For xarray X, DataArrays of these along X's sample dimension, with its coordinates.
         """
+        return self._within(X, radius, return_distance, sort_results)
+
+    @worker_failures()
+    def _within(self, X: Rows | None, radius: float | None, return_distance: bool,
+                sort_results: bool) -> Any:
+        """:meth:`radius_neighbors` of X as the search takes it (not xarray)."""
         check_is_fitted(self, "X_fit_")
         if sort_results and not return_distance:
             raise ValueError("return_distance must be True if sort_results is True.")
@@ -105,7 +113,8 @@ class _RadiusNeighbors(DeclaredState, BaseEstimator):
         """The rows within ``radius`` as a sparse graph (m, n_samples_fit_), as
         scikit-learn's: entries 1 (``"connectivity"``) or the distances (``"distance"``)."""
         check_choice(mode, "mode", ("connectivity", "distance"))
-        dist, ind = self.radius_neighbors(X, radius, sort_results=sort_results)
+        # the lists as arrays: a sparse graph has no coordinates to give DataArrays
+        dist, ind = self._within(X, radius, True, sort_results)
         counts = np.array([len(i) for i in ind], dtype=np.int64)
         cols = np.concatenate([*ind, np.empty(0, np.int64)])
         data = np.ones(len(cols)) if mode == "connectivity" else \
@@ -116,7 +125,7 @@ class _RadiusNeighbors(DeclaredState, BaseEstimator):
     def _neighbour_weights(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
         """(indices, weights) of each row's neighbours (object arrays; weights as
         scikit-learn's)."""
-        dist, ind = self.radius_neighbors(X)
+        dist, ind = self._within(X, None, True, False)
         weights = np.empty(len(dist), object)
         for row, d in enumerate(dist):
             weights[row] = np.ones(len(d)) if self.weights == "uniform" or not len(d) \
@@ -157,8 +166,10 @@ class RadiusNeighborsRegressor(RegressorMixin, _RadiusNeighbors):
         """Keep the training rows and targets (held in memory)."""
         return held_targets(self, X, y)
 
-    def predict(self, X: Rows) -> np.ndarray:
-        """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T)."""
+    @labelled_output("prediction")
+    def predict(self, X: Rows) -> Any:
+        """The neighbours' (weighted) mean target per row of X; shape (m,) or (m, T). For
+        xarray X, a DataArray along its sample dimension, with its coordinates."""
         check_is_fitted(self, "y_fit_")
         ind, w = self._neighbour_weights(X)
         y2 = self.y_fit_.reshape(len(self.y_fit_), -1)
@@ -208,9 +219,11 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
         """Keep the training rows and labels."""
         return held_labels(self, X, y)
 
-    def predict_proba(self, X: Rows) -> np.ndarray:
+    @labelled_output("probability", column_dim="class", columns="classes_")
+    def predict_proba(self, X: Rows) -> Any:
         """The neighbours' (weighted) vote shares; shape (m, n_classes). A row without
-        neighbours has probability 1 for ``outlier_label`` when it is a class, else 0."""
+        neighbours has probability 1 for ``outlier_label`` when it is a class, else 0. For
+        xarray X, a DataArray (sample, class) with X's coordinates and the classes."""
         check_is_fitted(self, "y_codes_")
         ind, w = self._neighbour_weights(X)
         empty = np.array([len(i) == 0 for i in ind], dtype=bool)
@@ -224,9 +237,11 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
                 shares[row, outlier] = 1.0
         return shares
 
-    def predict(self, X: Rows) -> np.ndarray:
+    @labelled_output("prediction")
+    def predict(self, X: Rows) -> Any:
         """The class with the largest vote share per row of X (``outlier_label`` for rows
-        without neighbours); shape (m,)."""
+        without neighbours); shape (m,). For xarray X, a DataArray along its sample
+        dimension."""
         shares = self.predict_proba(X)
         pred = self.classes_[shares.argmax(axis=1)]
         empty = ~shares.any(axis=1)

@@ -111,20 +111,32 @@ class CGPosterior(KernelExpansion):
 
     def variance(self, Xt: Any) -> Any:
         """Latent variance at Xt (m, d), one CG solve per batch of at most
-        ``CG_VARIANCE_BYTES / (48 n)`` test points; numpy (m,), dask for dask Xt."""
-        Xm = Xt.compute() if isinstance(Xt, da.Array) else Xt
-        n, m = self.X.shape[0], len(Xm)
+        ``CG_VARIANCE_BYTES / (48 n)`` test points; numpy (m,), dask for dask Xt.
+
+        A dask Xt is read batch by batch on the cluster, as the mean reads it: its rows
+        never come to the client, only each batch's variances (the solves run now, since
+        CG needs the client between iterations)."""
+        n, m = self.X.shape[0], Xt.shape[0]
         cols = max(1, min(m, CG_VARIANCE_BYTES // (6 * 8 * n)))
         A, P = self.operator(), self.preconditioner()
-        var = np.empty(m)
-        for j0 in range(0, m, cols):
-            Xb = Xm[j0:j0 + cols]
-            B = kernel_columns(self.kernel, self.X, Xb, backend=self.backend)  # shape: (n, b)
-            V = cg(A, B, preconditioner=P, tol=self.tol).x.rechunk(B.chunks)
-            (quad,) = dask.compute((B * V).sum(axis=0))
-            var[j0:j0 + cols] = self.kernel.diag(Xb) - quad
-        var = clip_variance(var)
+        var = clip_variance(np.concatenate(
+            [np.empty(0), *(self._batch_variance(A, P, Xt[j0:j0 + cols])
+                            for j0 in range(0, m, cols))]))
         return da.from_array(var, chunks=(Xt.chunks[0],)) if isinstance(Xt, da.Array) else var
+
+    def _batch_variance(self, A: Any, P: NystromPreconditioner, Xb: Any) -> np.ndarray:
+        """``k(x*_j, x*_j) - B[:, j]ᵀ V[:, j]`` for the batch Xb (b, d), numpy or dask
+        (one chunk then: its columns are one block-CG right-hand side); shape (b,)."""
+        if isinstance(Xb, da.Array):
+            Xb = Xb.rechunk({0: -1})
+        B = kernel_columns(self.kernel, self.X, Xb, backend=self.backend)  # shape: (n, b)
+        V = cg(A, B, preconditioner=P, tol=self.tol).x.rechunk(B.chunks)
+        if not isinstance(Xb, da.Array):
+            (quad,) = dask.compute((B * V).sum(axis=0))
+            return self.kernel.diag(Xb) - quad
+        diag = Xb.map_blocks(self.kernel.diag, drop_axis=1, dtype=np.float64)
+        diag, quad = dask.compute(diag, (B * V).sum(axis=0))  # one pass, b values each
+        return diag - quad
 
     def covariance(self, Xt: np.ndarray) -> np.ndarray:
         """Latent covariance at Xt (m, d); shape (m, m), symmetrised (CG's two sides agree
