@@ -149,6 +149,16 @@ def test_memory_warning_when_the_limit_is_below_the_estimate(capsys, cache):
     assert json.loads(captured.out)["fits"] is False
 
 
+def test_chunks_larger_than_the_data_hold_only_its_rows():
+    """A chunk size above n (the CLI's default at small n) is priced as one chunk of n rows:
+    it used to price 1,000 rows as 100,000 (1.5 GB a worker) and refuse a small run."""
+    for solver in ("cg", "exact"):
+        small, capped = (plan_fit(Data(1000, 8, rows), TWO, FAKE, solver=solver)
+                         for rows in (100_000, 1000))
+        assert small.worker_memory_bytes == capped.worker_memory_bytes
+    assert Data(1000, 8, 10**9).chunks == [1000]
+
+
 def test_a_task_over_the_budget_names_the_chunk_size():
     tiny = Cluster(workers=2, threads=1, memory_limit=600 * 2**20)
     warnings = plan_fit(Data(1_000_000, 100, 100_000), tiny, FAKE, centers=100,

@@ -50,13 +50,17 @@ class Cluster:
 @dataclass(frozen=True)
 class Data:
     """n rows of d features in row chunks of ``chunk_rows``, ``itemsize`` bytes a value
-    as stored, with ``targets`` target columns."""
+    as stored, with ``targets`` target columns. A ``chunk_rows`` above n is taken as n:
+    the one chunk holds only the rows there are."""
 
     n: int
     d: int
     chunk_rows: int
     itemsize: int = 8
     targets: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_rows", max(1, min(self.chunk_rows, self.n)))
 
     @property
     def chunks(self) -> list[int]:
