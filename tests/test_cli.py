@@ -232,6 +232,34 @@ def test_a_killed_worker_is_one_message_with_the_fix(capsys, monkeypatch):
     assert "out of memory" in err and "memory_limit" in err
 
 
+def test_a_lost_scheduler_is_one_message_with_the_fix(capsys, monkeypatch):
+    """The scheduler dying mid-run (distributed cancels every future) or a cluster of other
+    versions: one line naming the fix, not distributed's tracebacks."""
+    from distributed.client import FutureCancelledError
+
+    from dkern.runtime.checks import ClusterVersionError
+
+    def lost(args):
+        raise FutureCancelledError("finalize-1", reason="scheduler-connection-lost")
+
+    monkeypatch.setattr(cli.info, "run", lost)
+    code, out, err = run(capsys, "info", "--quiet")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1
+    assert "scheduler-connection-lost" in err and "run the same command again" in err
+
+    def other_versions(args):
+        raise ClusterVersionError("the Dask cluster runs other versions than this client of "
+                                  "packages dkern needs to agree: dask 1 != 2. Install the "
+                                  "same versions on every node (one environment for client, "
+                                  "scheduler and workers), or pass check_versions=False to "
+                                  "dkern.connect to go on at your own risk.")
+
+    monkeypatch.setattr(cli.info, "run", other_versions)
+    code, out, err = run(capsys, "info", "--quiet")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "Install the same versions" in err and "check_versions" not in err
+
+
 def test_fit_and_demo_keep_their_own_tol_defaults():
     parser = cli._parser()
     fit = parser.parse_args(["fit", "--data", "d", "--x", "X", "--y", "y", "--model", "m"])

@@ -22,10 +22,12 @@ from typing import Any
 
 import dask
 from distributed import KilledWorker
+from distributed.client import FutureCancelledError
 
 from ..backends import BACKENDS
 from ..errors import DkernError
 from ..operators.base import LARGE_GRAPH_KEY
+from ..runtime import ClusterVersionError
 
 # --- options ---------------------------------------------------------------------------
 
@@ -204,6 +206,20 @@ def run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(_interrupted(args), file=sys.stderr)
         return 130  # 128 + SIGINT, as shells report a command ended by Ctrl-C
+    except ClusterVersionError as err:  # the library's fix names connect()'s keyword
+        message = str(err).replace(", or pass check_versions=False to dkern.connect to go on "
+                                   "at your own risk", "")
+        print(f"dkern {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except FutureCancelledError as err:
+        resume = (", which resumes from its last checkpoint"
+                  if getattr(args, "checkpoint", None) is not None else
+                  " (with --checkpoint, a rerun resumes where a lost one stopped)")
+        print(f"dkern {args.command}: error: the Dask cluster cancelled the work ({err}): the "
+              "scheduler stopped or the connection to it was lost. Check that the scheduler "
+              f"is running and reachable, then run the same command again{resume}.",
+              file=sys.stderr)
+        return 1
     except KilledWorker as err:
         print(f"dkern {args.command}: error: a Dask worker died while running a task ({err}); "
               "the usual cause is a worker out of memory. Give the workers more memory "
