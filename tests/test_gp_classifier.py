@@ -118,6 +118,19 @@ def test_cg_gives_the_exact_probabilities_and_lml(monkeypatch):
     assert above.solver_ == "cg" and np.isnan(above.log_marginal_likelihood())
 
 
+def test_cg_gives_the_exact_probabilities_at_a_learned_large_amplitude():
+    """The kernel scikit-learn learns on these rows has amplitude 858: CG to the default
+    tol = 1e-8 left probabilities 3e-3 from the exact ones (the B solves' error reaches the
+    latent mean times the amplitude), so the solves run to tol / max k(x, x): the same
+    probabilities as the dense path (and scikit-learn's) to 1e-6."""
+    X, y = X_BC[:200], Y_BC[:200]
+    kernel = 857.92 * Gaussian(16.89)
+    exact = GaussianProcessClassifier(kernel, optimizer=None, solver="exact").fit(X, y)
+    lazy = GaussianProcessClassifier(kernel, optimizer=None, solver="cg",
+                                     backend="numpy").fit(X, y)
+    assert np.abs(lazy.predict_proba(X) - exact.predict_proba(X)).max() <= 1e-6
+
+
 def test_cg_model_on_numpy_rows_outlives_the_cluster_that_fitted_it():
     """pi_ of numpy rows comes to the client (it was persisted on the fitting cluster, so
     predicting under the next Client failed with "lost dependencies")."""

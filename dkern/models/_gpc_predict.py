@@ -49,19 +49,21 @@ def latent_exact(X_fit: np.ndarray, kernels: list[Kernel], targets: list[np.ndar
 
 def latent_cg(X_fit: Any, kernels: list[Kernel], targets: list[np.ndarray], pis: list[Any],
               X: Any, *, backend: str, tol: float, cg_max_iter: int | None) -> Latent:
-    """As :func:`latent_exact`, each batch's ``k*ᵀ S B⁻¹ S k*`` solved by block CG to ``tol``
-    on the lazy Gram operator (never an n × n matrix)."""
+    """As :func:`latent_exact`, each batch's ``k*ᵀ S B⁻¹ S k*`` solved by block CG to
+    :func:`~dkern.models._laplace.amplitude_tol` of ``tol`` on the lazy Gram operator (never
+    an n × n matrix)."""
     problems = []
     for k, t, pi in zip(kernels, targets, pis, strict=True):
         K = gram(k, X_fit, backend=backend, dtype=np.float64)
-        problems.append((k, K, _laplace.lazy_vector(t, K), _laplace.lazy_vector(pi, K)))
+        problems.append((k, K, _laplace.lazy_vector(t, K), _laplace.lazy_vector(pi, K),
+                         _laplace.amplitude_tol(K, tol)))
 
     def batch_latent(Xb: np.ndarray) -> Latent:
         out = []
-        for k, K, t, pi in problems:
+        for k, K, t, pi, k_tol in problems:
             k_diag = np.asarray(k.diag(Xb), dtype=np.float64)
             K_star = gram(k, X_fit, Xb, backend=backend, dtype=np.float64)
-            out.append(_laplace.cg_latent(K, K_star, k_diag, t, pi, tol, cg_max_iter))
+            out.append(_laplace.cg_latent(K, K_star, k_diag, t, pi, k_tol, cg_max_iter))
         return out
 
     batch = max(1, min(PREDICT_BATCH, CG_BATCH_VALUES // X_fit.shape[0]))

@@ -99,7 +99,9 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
         right-hand sides) is solved by block CG to ``tol``; no n × n matrix. ``"auto"``:
         exact up to ``EXACT_MAX_N`` rows, CG above.
     tol : float, default=1e-8
-        Relative residual of the CG solves (unused by ``"exact"``).
+        Relative residual of the CG solves (unused by ``"exact"``), for a kernel of
+        amplitude 1: it is divided by the kernel's largest ``k(x, x)`` when that is above 1,
+        since a solve's error reaches the latent mean multiplied by the amplitude.
     max_iter : int, optional
         Iteration cap of each CG solve; default that of :func:`dkern.solvers.cg`.
     backend : {"auto", "numpy", "keops", "triton"}, default="auto"
