@@ -322,6 +322,21 @@ def test_predict_outputs_may_not_replace_its_inputs(capsys, saved_model, outputs
         np.testing.assert_array_equal(open_array(store, name)[:], values)
 
 
+@pytest.mark.parametrize("outputs", [["--out", "/tmp/pred.zarr"],
+                                     ["--out", "pred", "--std", "--std-out", "/abs/std"]])
+def test_predict_refuses_an_absolute_output_path(capsys, saved_model, outputs):
+    """--out is an array inside --data: an absolute path (a file the user meant) became a
+    group 'tmp' of the data store. A usage error naming the flag; the store is unchanged."""
+    store, model = saved_model
+    before = sorted(list_arrays(store))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["predict", "--model", model, "--data", store, "--x", "X_test",
+                  "--workers", "1", *outputs])
+    assert exc.value.code == 2 and "names an array inside the --data store" in (
+        capsys.readouterr().err)
+    assert sorted(list_arrays(store)) == before
+
+
 def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, tmp_path):
     store, model = saved_model
     code, _, err = run(capsys, "fit", "--data", store, "--x", "X_test", "--y", "y_test",

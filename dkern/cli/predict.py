@@ -39,6 +39,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from .. import GaussianProcessRegressor, KernelRidge, load
 
+    for flag, path in (("--out", args.out), ("--std-out", args.std_out)):
+        if path is not None and path.startswith("/"):  # a file-system path, most likely
+            args.usage_error(f"{flag} names an array inside the --data store (e.g. 'pred' or "
+                             f"'results/pred'); got {path!r}, an absolute path. Pass the "
+                             "array's path within the store, without a leading '/'")
     std_out = _std_path(args)  # usage errors before the model is read
     if overlapping(args.data, args.model):
         args.usage_error(f"--data {args.data!r} and --model {args.model!r} are the same store "
