@@ -290,6 +290,14 @@ def test_unknown_strings(param, value):
         KernelRidge(**{param: value}).fit(X_SMALL, Y_SMALL)
 
 
+@pytest.mark.parametrize("solver", ["exact", "cg", "gd"])
+def test_centres_with_a_solver_that_uses_every_row_are_refused(solver):
+    """As the GP regressor: n_centers was silently ignored by these solvers."""
+    with pytest.raises(ValueError, match=f"n_centers=10 sets the centres of solver='nystrom'; "
+                                         f"solver='{solver}' uses every training row"):
+        KernelRidge(solver=solver, n_centers=10).fit(X_SMALL, Y_SMALL)
+
+
 def test_more_centres_than_rows():
     with pytest.raises(ValueError, match="n_centers=51 is more centres than the 50 training rows"):
         KernelRidge(solver="nystrom", n_centers=51).fit(X_SMALL, Y_SMALL)

@@ -238,6 +238,10 @@ class KernelRidge(DefaultKernel, DeclaredState, RegressorMixin, BaseEstimator):
         tol = check_tol(self.tol)
         check_optional_int(self.max_iter, "max_iter", 1)
         check_optional_int(self.n_centers, "n_centers", 1)
+        if self.n_centers is not None and solver in ("exact", "cg", "gd"):
+            raise ValueError(f"n_centers={self.n_centers!r} sets the centres of "
+                             f"solver='nystrom'; solver={solver!r} uses every training row. "
+                             "Leave n_centers=None, or use solver='nystrom'.")
         check_checkpoint(self.checkpoint, self.checkpoint_every)
         Xv = check_X(self, X, reset=True)
         yv = check_y(y, Xv.shape[0], type(self).__name__)
