@@ -638,6 +638,22 @@ def test_options_of_the_other_model_type_are_usage_errors(capsys, argv, message)
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    ([*FIT, "--alpha", "-1"], "argument --alpha: must be a finite number >= 0; got -1"),
+    ([*FIT, "--alpha", "nan"], "argument --alpha: must be a finite number >= 0; got nan"),
+    ([*FIT, "--tol", "0"], "argument --tol: must be a finite number > 0; got 0"),
+    (["demo", "--tol", "inf"], "argument --tol: must be a finite number > 0; got inf"),
+    (["make-data", "--out", "d.zarr", "--n", "10", "--d", "2", "--n-test", "-5"],
+     "argument --n-test: must be an integer >= 0; got -5"),
+])
+def test_bad_numbers_are_usage_errors_before_a_cluster_starts(capsys, argv, message):
+    """They used to pass the parser, start the cluster, and fail in the library naming its
+    keyword (n_test) or with 'math domain error' (plan --tol inf)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_std_of_a_kernel_ridge_model_is_refused_before_writing(capsys, saved_model):
     store, model = saved_model
     code, _, err = run(capsys, "predict", "--model", model, "--data", store, "--x", "X_test",

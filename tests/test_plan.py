@@ -60,6 +60,10 @@ def _usage_error(argv: list[str], capsys) -> str:
     (["plan", "predict", "--test-rows", "10"], "--model"),
     (["plan", "predict", "--d", "8", "--centers", "100"], "--test-rows"),
     (["plan", "fit", "--n", "10", "--d", "2", "--memory-limit", "lots"], "4GB"),
+    (["plan", "fit", "--n", "10", "--d", "2", "--tol", "inf"],
+     "--tol: must be a finite number > 0; got inf"),
+    (["plan", "predict", "--n", "100", "--d", "2", "--test-rows", "10", "--std"],
+     "--std plans a Gaussian process's standard deviations; add --model-type gp"),
     (["plan", "fit", "--n", "10", "--d", "2", "--model-type", "gp", "--optimizer", "lbfgs"],
      "--optimizer none"),
 ])

@@ -51,10 +51,24 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0; got {text}")
+    return value
+
+
 def nonnegative_float(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text}")
     return value
 
 
@@ -80,8 +94,9 @@ def solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
     """--alpha, --tol and --backend, added to each command that solves. Each parser gets
     its own actions: with a shared parent parser, one command's default changed the
     other's (demo's tol=1e-3 became fit's)."""
-    parser.add_argument("--alpha", type=float, default=1e-3, help=alpha_help)
-    parser.add_argument("--tol", type=float, default=tol, help="relative residual to reach")
+    parser.add_argument("--alpha", type=nonnegative_float, default=1e-3, help=alpha_help)
+    parser.add_argument("--tol", type=positive_float, default=tol,
+                        help="relative residual to reach")
     parser.add_argument("--backend", choices=list(BACKENDS), default="auto")
 
 

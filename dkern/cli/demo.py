@@ -9,7 +9,7 @@ import tempfile
 import time
 from typing import Any
 
-from ._common import cluster_client, positive_int, rmse, solver_arguments
+from ._common import cluster_client, positive_float, positive_int, rmse, solver_arguments
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser,
@@ -23,7 +23,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--n-test", type=positive_int, default=20_000)
     parser.add_argument("--d", type=positive_int, default=8)
     parser.add_argument("--centers", type=positive_int, default=1_000)
-    parser.add_argument("--lengthscale", type=float, default=3.0)
+    parser.add_argument("--lengthscale", type=positive_float, default=3.0)
     parser.add_argument("--chunk-rows", type=positive_int, default=50_000)
     parser.add_argument("--store", default=None,
                         help="where to write (default: a temp dir); the demo's arrays there "

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import cluster_client, nonnegative_float, positive_int
+from ._common import cluster_client, nonnegative_float, nonnegative_int, positive_int
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser,
@@ -18,7 +18,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--out", required=True, help="store path or fsspec URL")
     parser.add_argument("--n", type=positive_int, required=True, help="training rows")
     parser.add_argument("--d", type=positive_int, required=True, help="features")
-    parser.add_argument("--n-test", type=int, default=0, help="test rows (X_test, y_test)")
+    parser.add_argument("--n-test", type=nonnegative_int, default=0,
+                        help="test rows (X_test, y_test)")
     parser.add_argument("--chunk-rows", type=positive_int, default=None,
                         help="rows per chunk (default: 100,000, fewer when the workers' "
                              "measured free memory needs it)")

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from ._common import positive_int
+from ._common import positive_float, positive_int
 
 _IGNORED = "accepted so that a fit or predict command line plans as it is; no effect here"
 
@@ -38,7 +38,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     what.add_argument("--solver", choices=list(SOLVERS), default="auto")
     what.add_argument("--centers", type=positive_int, default=None,
                       help="Nystrom centres M (default sqrt(n)); selects nystrom with auto")
-    what.add_argument("--tol", type=float, default=1e-6, help="relative residual to reach")
+    what.add_argument("--tol", type=positive_float, default=1e-6,
+                      help="relative residual to reach")
     what.add_argument("--max-iter", type=positive_int, default=None)
     what.add_argument("--iterations", type=positive_int, default=None,
                       help="CG iterations to plan for (default: an estimate from tol)")
@@ -198,6 +199,9 @@ def _plan_predict(args: argparse.Namespace, cluster: Any, rates: Any) -> Any:
             args.usage_error(f"predict with a {solver} model needs its training rows: --n"
                              + (" (or the centres, --centers)" if solver == "nystrom" else ""))
         is_gp = args.model_type == "gp"
+        if args.std and not is_gp:
+            args.usage_error("--std plans a Gaussian process's standard deviations; add "
+                             "--model-type gp, or drop --std")
         kind = ("sgpr" if is_gp else "nystrom") if solver == "nystrom" else "expansion"
         columns = (args.centers or default_centers(args.n)) if solver == "nystrom" else args.n
         if is_gp and kind == "expansion" and args.std:
@@ -221,6 +225,9 @@ def _saved_model(args: argparse.Namespace) -> tuple[str, int, int, int]:
         raise ValueError(f"dkern plan predict plans regression predictions; the model "
                          f"{args.model!r} is a {type(model).__name__}.")
     is_gp = isinstance(model, GaussianProcessRegressor)
+    if args.std and not is_gp:  # as dkern predict refuses it
+        raise ValueError(f"--std: the model {args.model!r} is a {type(model).__name__}, which "
+                         "has no predictive variance; drop --std.")
     coef = model.alpha_ if is_gp else model.dual_coef_
     targets = 1 if coef.ndim == 1 else coef.shape[1]
     if model.solver_ == "nystrom":
