@@ -123,6 +123,12 @@ def test_density_and_neighbours_keep_the_sample_coordinate(opened):
     assert dist.dims == ind.dims == ("time", "neighbor")
     np.testing.assert_array_equal(ind.values, KNeighborsClassifier(n_neighbors=3).fit(
         X, LABELS).kneighbors(X[:4])[1])
+    # a sparse graph has no coordinates: the same matrix as of numpy rows (it raised
+    # "'DataArray' object has no attribute 'ravel'")
+    graph = knn.kneighbors_graph(_transposed()[:, :4], mode="distance")
+    want = KNeighborsClassifier(n_neighbors=3).fit(X, LABELS).kneighbors_graph(
+        X[:4], mode="distance")
+    assert abs(graph - want).max() <= 1e-12
 
 
 def test_radius_neighbours_answer_with_data_arrays_of_the_sample_coordinate(opened):

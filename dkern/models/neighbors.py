@@ -164,7 +164,8 @@ class _Neighbors(DeclaredState, BaseEstimator):
             k entries per row, in memory (m·k of them) whatever X is.
         """
         check_choice(mode, "mode", ("connectivity", "distance"))
-        dist, ind = dask.compute(*self.kneighbors(X, n_neighbors))
+        # as plain arrays: a sparse graph has no coordinates to give DataArrays
+        dist, ind = (np.asarray(a) for a in dask.compute(*self.kneighbors(X, n_neighbors)))
         m, k = ind.shape
         data = np.ones(m * k) if mode == "connectivity" else dist.ravel()
         return scipy.sparse.csr_matrix((data, ind.ravel(), np.arange(0, m * k + 1, k)),
