@@ -337,6 +337,21 @@ def test_predict_refuses_an_absolute_output_path(capsys, saved_model, outputs):
     assert sorted(list_arrays(store)) == before
 
 
+def test_fit_refuses_a_checkpoint_folder_holding_other_data_before_fitting(
+        capsys, saved_model, tmp_path):
+    """With a solver that writes no checkpoint (exact) the folder was only looked at when
+    removing the checkpoint after the save: the model was saved, then the command failed."""
+    store, _ = saved_model
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "a.txt").write_text("x")
+    code, _, err = run(capsys, "fit", "--data", store, "--x", "X_test", "--y", "y_test",
+                       "--solver", "exact", "--model", str(tmp_path / "new.zarr"),
+                       "--checkpoint", str(other), "--workers", "1")
+    assert code == 1 and "is not a dkern checkpoint" in err
+    assert not (tmp_path / "new.zarr").exists() and os.listdir(other) == ["a.txt"]
+
+
 def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, tmp_path):
     store, model = saved_model
     code, _, err = run(capsys, "fit", "--data", store, "--x", "X_test", "--y", "y_test",

@@ -88,7 +88,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from .. import save
     from ..models.persist import check_can_save
-    from ..solvers import SolveMonitor, remove_checkpoint
+    from ..solvers import SolveMonitor, check_checkpoint_location, remove_checkpoint
 
     _check_model_options(args)
     for flag, path in (("--model", args.model), ("--data", args.data)):
@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if path is not None:  # refuse now, not after the fit
             check_creatable(flag, path, args.usage_error)
     check_can_save(args.model, overwrite=args.overwrite)
+    if args.checkpoint is not None:  # it is removed after the save: refuse another's data now
+        check_checkpoint_location(args.checkpoint)
     model = _gp_model(args) if args.model_type == "gp" else _krr_model(args)
     _check_training_arrays(args)
     monitor = SolveMonitor()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .centers import select_centers
 from .cg import CGResult, cg
-from .checkpoint import CHECKPOINT_EVERY, remove_checkpoint
+from .checkpoint import CHECKPOINT_EVERY, check_checkpoint_location, remove_checkpoint
 from .exact import EXACT_MAX_N, exact_solve
 from .falkon import NystromResult, falkon
 from .gd import GDResult, descend, gd, top_eigenvalue
@@ -30,6 +30,6 @@ __all__ = [
     "LanczosResult",
     "NystromPreconditioner", "NystromResult", "SGPRStatistics", "SolveMonitor",
     "cg", "descend", "exact_solve", "falkon", "gd", "lanczos_decomposition", "lanczos_predict",
-    "remove_checkpoint", "select_centers",
+    "check_checkpoint_location", "remove_checkpoint", "select_centers",
     "sgpr_bound", "sgpr_bound_gradient", "sgpr_predict", "sgpr_statistics", "top_eigenvalue",
 ]

@@ -150,6 +150,17 @@ def check_checkpoint(checkpoint: Any, every: Any) -> None:
     integer(every, "checkpoint_every", hint=" It counts iterations between checkpoints.")
 
 
+def check_checkpoint_location(url: Any) -> None:
+    """Refuse, before any work, a ``url`` holding something other than a dkern checkpoint.
+
+    Raises
+    ------
+    DkernError
+        As a fit writing or removing its checkpoints there would, only later.
+    """
+    Checkpoint(os.fspath(url), 1, {}, "")._meta()
+
+
 def remove_checkpoint(url: Any) -> None:
     """Delete the checkpoint at ``url`` (nothing if there is none).
 
