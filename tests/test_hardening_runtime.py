@@ -157,6 +157,15 @@ def test_connect_to_a_tls_server_on_a_tcp_address_hints_at_tls():
     assert isinstance(error, NotASchedulerError) and "tls://" in str(error), error
 
 
+def test_connect_to_a_port_out_of_range_fails_at_once():
+    """Port 99999 was retried for distributed's whole connect timeout (30 s)."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="port 99999 is not a TCP port"):
+        with connect("tcp://127.0.0.1:99999"):
+            pass
+    assert time.monotonic() - start < 5
+
+
 def test_connect_to_a_closed_port_retries_for_the_connect_timeout():
     """As distributed does, for a scheduler still starting; then a plain ConnectionError."""
     listener = socket.create_server(("127.0.0.1", 0))

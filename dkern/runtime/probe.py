@@ -65,6 +65,9 @@ def probe_scheduler(address: str, connect_timeout: float) -> None:
     if scheme != "tcp":
         return
     host, port = parse_host_port(location, default_port=8786)
+    if not 0 < port < 65536:  # distributed would retry it until its timeout
+        raise ValueError(f"{address!r}: port {port} is not a TCP port (1 to 65535). Check "
+                         "the address (a scheduler's default port is 8786).")
     with _open(host, port, connect_timeout) as sock:
         answer = _answer(sock)
         if _is_dask_handshake(sock, answer):
