@@ -155,7 +155,7 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_version(tmp_path, r
     assert cli.main(["fsck", url, "--clean", "--min-age", "0", "--quiet"]) == 0
     assert seen_version(url, {current}) == current
     used = {e["path"].split("/")[1] for e in read_pointer_arrays(url)}
-    assert set(os.listdir(os.path.join(url, ".dkern"))) - {"zarr.json", "pointer.json"} == used
+    assert set(os.listdir(os.path.join(url, ".dkern"))) - {"zarr.json", "zarr.pointer.json"} == used
     fractions = sorted(t["fraction"] for t in killed)
     report = {
         "test": "tests/test_integrity.py::test_sigkill_at_random_moments_leaves_the_old_or_"

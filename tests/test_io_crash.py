@@ -154,7 +154,7 @@ def test_every_kill_point_leaves_a_store_later_writes_succeed_on(tmp_path, monke
 
 def version_folders(url, group):
     listed = set(os.listdir(os.path.join(url, group, ".dkern")))
-    return sorted(listed - {"zarr.json", "pointer.json"})
+    return sorted(listed - {"zarr.json", "zarr.pointer.json"})
 
 
 def used_folders(url, group):

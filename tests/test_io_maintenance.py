@@ -33,7 +33,7 @@ def leftover(url, name, group=""):
 
 def folders(url, group=""):
     listed = set(os.listdir(os.path.join(url, group, ".dkern")))
-    return sorted(listed - {"zarr.json", "pointer.json"})
+    return sorted(listed - {"zarr.json", "zarr.pointer.json"})
 
 
 def test_stray_partial_files_raise_no_warning_and_are_cleaned(tmp_path):

@@ -33,7 +33,8 @@ def pointer(url, group=""):
 
 
 def version_dirs(path):
-    return sorted(set(os.listdir(os.path.join(path, ".dkern"))) - {"zarr.json", "pointer.json"})
+    listed = set(os.listdir(os.path.join(path, ".dkern")))
+    return sorted(listed - {"zarr.json", "zarr.pointer.json"})
 
 
 def stored_path(url, name, group=""):

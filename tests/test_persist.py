@@ -140,7 +140,7 @@ def stored_folders(url):
     import os
 
     import zarr
-    on_disk = set(os.listdir(os.path.join(url, ".dkern"))) - {"zarr.json", "pointer.json"}
+    on_disk = set(os.listdir(os.path.join(url, ".dkern"))) - {"zarr.json", "zarr.pointer.json"}
     entries = zarr.open_group(url, mode="r").attrs["dkern"]["arrays"].values()
     return on_disk, {e["path"].split("/")[1] for e in entries}
 

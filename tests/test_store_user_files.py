@@ -177,3 +177,65 @@ def test_a_users_links_at_an_array_name_stay(tmp_path, caplog):
     assert "something else is there" in caplog.text
     np.testing.assert_array_equal(open_array(str(url), "results").compute(), np.ones(3))
     shutil.rmtree(outside)
+
+
+def test_a_plain_group_reached_through_a_link_is_read_as_before(tmp_path):
+    """Groups dkern never wrote (plain zarr) stay readable through a link: only what a
+    dkern pointer or its copy names is held to the no-link rule."""
+    zarr = pytest.importorskip("zarr")
+    outside = tmp_path / "train"
+    zarr.create_array(str(outside), name="X", data=np.arange(6.0).reshape(3, 2))
+    url = tmp_path / "s.zarr"
+    write_arrays(str(url), {"y": np.ones(3)})
+    os.symlink(outside, url / "train")
+    np.testing.assert_array_equal(open_array(str(url), "train/X").compute(),
+                                  np.arange(6.0).reshape(3, 2))
+    assert list_arrays(str(url), "train") == ["X"]
+
+
+def _drop_pointer(url: str) -> None:
+    """What xarray's to_zarr(mode="a") does to dkern's pointer: the attributes replaced."""
+    path = os.path.join(url, "zarr.json")
+    with open(path) as f:
+        meta = json.load(f)
+    meta["attributes"] = {"title": "appended by another tool"}
+    with open(path, "w") as f:
+        json.dump(meta, f)
+
+
+def test_a_copy_older_than_the_published_version_is_refused_and_nothing_collected(
+        tmp_path, monkeypatch, caplog):
+    """A publish whose copy write fails keeps its publish (logged) and removes the older
+    copy; a copy that names arrays a later publish superseded is refused, and a clean
+    deletes nothing on its word."""
+    from dkern.io import _store, clean_store
+
+    url = str(tmp_path / "s.zarr")
+    write_arrays(url, {"a": np.zeros(3)})
+    copy = os.path.join(url, ".dkern", "zarr.pointer.json")
+    stale = open(copy).read()
+
+    from zarr.storage import LocalStore
+
+    real_set = LocalStore.set
+
+    async def copy_fails(self, key, value):
+        if key.endswith(_store.POINTER_COPY):
+            raise OSError("disk full")
+        await real_set(self, key, value)
+
+    monkeypatch.setattr(LocalStore, "set", copy_fails)
+    with caplog.at_level(logging.WARNING):
+        write_arrays(url, {"a": np.ones(3)}, overwrite=True)  # the publish stands
+    monkeypatch.undo()
+    assert "could not write the pointer's copy" in caplog.text and not os.path.exists(copy)
+    np.testing.assert_array_equal(open_array(url, "a").compute(), np.ones(3))
+    with open(copy, "w") as f:  # as if the removal had failed too: the older copy stays
+        f.write(stale)
+    _drop_pointer(url)
+    with pytest.raises(StoreError, match=r"names arrays that are gone \(\['a'\]\)"):
+        open_array(url, "a")
+    folders = sorted(os.listdir(os.path.join(url, ".dkern")))
+    with pytest.raises(StoreError, match="names arrays that are gone"):
+        clean_store(url, min_age=0)
+    assert sorted(os.listdir(os.path.join(url, ".dkern"))) == folders

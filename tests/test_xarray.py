@@ -510,3 +510,26 @@ def test_xarray_workflow_on_data_larger_than_a_worker(tmp_path, record_figures):
     record_figures("xarray_workflow", **figures)
     assert mse < 0.5 * float(rows["y"].var()), figures  # 8 centres: the mean is far worse
     assert max(samples) < 0.95 * BIG_LIMIT, figures
+
+
+def test_predictions_on_a_store_without_links_never_replace_its_hidden_arrays():
+    """On an object store xarray sees none of dkern's arrays: a prediction of a row subset
+    wrote X's coordinate as 'sample', replacing the store's 50 labels by 5 (with
+    overwrite), or was refused as taken. It now lies along a dimension of its own."""
+    from dkern.io import list_arrays, open_array, write_arrays
+    from dkern.models import KernelRidge
+
+    url = "memory://xr-hidden-arrays"
+    rng = np.random.default_rng(0)
+    Xn = rng.normal(size=(50, 3))
+    labels = np.arange(1000, 1050)
+    write_arrays(url, {"X": Xn, "y": Xn.sum(1), "sample": labels},
+                 dims={"X": ("sample", "feature"), "y": ("sample",), "sample": ("sample",)})
+    model = KernelRidge(alpha=1.0).fit(Xn, Xn.sum(1))
+    X = xr.DataArray(Xn, dims=("sample", "feature"), coords={"sample": labels})
+    model.predict(X[:5], out=(url, "pred"), overwrite=True)
+    model.predict(X, out=(url, "p2"))  # was refused: "already has arrays ['sample']"
+    np.testing.assert_array_equal(open_array(url, "sample").compute(), labels)
+    np.testing.assert_allclose(open_array(url, "pred").compute(), model.predict(Xn[:5]),
+                               rtol=1e-12)
+    assert {"pred", "p2"} <= set(list_arrays(url))

@@ -29,6 +29,7 @@ the way (:func:`check_entries`), before anything is read from or deleted at it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -61,8 +62,9 @@ POINTER_KEY = "dkern"
 #: 2: version folders named by time and uuid, and a checksummed pointer.
 FORMAT = 2
 VERSIONS_DIR = ".dkern"
-#: The copy of a group's last published pointer in its version tree (:func:`read_pointer`).
-POINTER_COPY = "pointer.json"
+#: The copy of a group's last published pointer in its version tree (:func:`read_pointer`);
+#: named ``zarr.*`` so that leftover collection, of this version and earlier ones, skips it.
+POINTER_COPY = "zarr.pointer.json"
 #: The name of a version folder dkern creates (:func:`dkern.io.maintenance.new_folder`).
 FOLDER_NAME = re.compile(r"(\d{8}T\d{6}Z)-[0-9a-f]{16}")
 #: The attribute of a dkern array's own metadata listing the crc32c each chunk file ends
@@ -197,12 +199,13 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
 
     When ``zarr.json`` has lost it (another tool rewrote the group's attributes: xarray's
     ``to_zarr(mode="a")`` replaces them), the copy each publish leaves in ``.dkern``
-    (:data:`POINTER_COPY`) stands in, with the same checks, and the next publish puts it
-    back: otherwise every published version would look unreferenced, and be collected.
+    (:data:`POINTER_COPY`) stands in, with the same checks and every array it names
+    present, and the next publish puts it back (:func:`pointer_restored`): otherwise every
+    published version would look unreferenced, and be collected.
     """
-    pointer = root.attrs.get(POINTER_KEY)
+    pointer, source = root.attrs.get(POINTER_KEY), metadata_file(url, group)
     if pointer is None:
-        pointer = _pointer_copy(root, url, group)
+        pointer, source = _pointer_copy(root, url, group), copy_file(url, group)
     if pointer is None:
         return {}
     if not isinstance(pointer, dict) or pointer.get("format") != FORMAT:
@@ -214,21 +217,32 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
         )
     if pointer.get("checksum") != checksum(pointer):
         raise StoreError(
-            f"{where(url, group)}: the dkern pointer in {metadata_file(url, group)!r} fails "
+            f"{where(url, group)}: the dkern pointer in {source!r} fails "
             "its checksum: the file was edited or damaged after dkern wrote it (a model's "
             "kernel and parameters are stored there, so it cannot be trusted). Restore the "
             "file from a backup, or rewrite the store (dkern.save the model again)."
         )
     check_entries(pointer.get("arrays"), url, group)
+    if POINTER_KEY not in root.attrs:
+        _check_copy_current(root, url, group, pointer)
     return pointer
+
+
+def pointer_restored(root: zarr.Group) -> bool:
+    """Whether the group's pointer is read from its copy (``zarr.json`` lost it): a
+    publish then restores it, and nothing is collected on its word (a copy may be older
+    than the version it stood for, if its write failed)."""
+    return POINTER_KEY not in root.attrs
+
+
+def copy_file(url: str, group: str) -> str:
+    """The path of a group's pointer copy, for messages."""
+    return "/".join(p for p in (url.rstrip("/"), group, VERSIONS_DIR, POINTER_COPY) if p)
 
 
 def _pointer_copy(root: zarr.Group, url: str, group: str) -> Any:
     """The pointer copied into ``.dkern`` by the last publish (parsed, not yet checked), or
-    None when there is none."""
-    base = local_dir(url, "")
-    if base is not None:
-        check_no_links(url, group, base, [*(group.split("/") if group else []), VERSIONS_DIR])
+    None when there is none. Read as a file; what it names is checked before use."""
     raw = read_file(root.store, "/".join(p for p in (root.path, VERSIONS_DIR, POINTER_COPY)
                                          if p))
     if raw is None:
@@ -236,20 +250,48 @@ def _pointer_copy(root: zarr.Group, url: str, group: str) -> Any:
     try:
         pointer = json.loads(raw)
     except ValueError:
-        _refuse(url, group, f"zarr.json has none and its copy {POINTER_COPY!r} is not JSON")
+        raise StoreError(f"{where(url, group)}: zarr.json has no dkern pointer and its copy "
+                         f"{copy_file(url, group)!r} is not JSON. Restore the store from a "
+                         "backup, or rewrite it from its sources.") from None
     logger.warning("%s: zarr.json has lost its dkern pointer (another tool rewrote the "
                    "group's attributes, as xarray's to_zarr(mode='a') does); reading version "
-                   "%s from its copy in %s/%s, which the next dkern write restores",
+                   "%s from its copy %r, which the next dkern write restores",
                    where(url, group), pointer.get("version") if isinstance(pointer, dict)
-                   else "?", VERSIONS_DIR, POINTER_COPY)
+                   else "?", copy_file(url, group))
     return pointer
 
 
-def write_pointer_copy(root: zarr.Group, pointer: dict[str, Any]) -> None:
-    """Copy a just-published (sealed) pointer to ``.dkern``; see :func:`read_pointer`."""
+def _check_copy_current(root: zarr.Group, url: str, group: str,
+                        pointer: dict[str, Any]) -> None:
+    """Refuse a pointer copy naming arrays that are gone: it is older than the version
+    zarr.json lost (its own write failed), so what it lists is not what was published."""
+    prefix = f"{root.path}/" if root.path else ""
+    gone = sorted(name for name, entry in pointer["arrays"].items()
+                  if not sync(root.store.exists(f"{prefix}{entry['path']}/zarr.json")))
+    if gone:
+        raise StoreError(
+            f"{where(url, group)}: zarr.json has lost its dkern pointer and its copy "
+            f"{copy_file(url, group)!r} names arrays that are gone ({gone}): the copy is older "
+            "than the version that was published. dkern reads and deletes nothing on its "
+            "word. Rewrite the group from its sources (the arrays present are readable with "
+            "zarr under .dkern/)."
+        )
+
+
+def write_pointer_copy(root: zarr.Group, pointer: dict[str, Any], url: str,
+                       group: str) -> None:
+    """Copy a just-published (sealed) pointer to ``.dkern``; see :func:`read_pointer`.
+    Best effort: the publish has happened, so a failure is logged, and an older copy is
+    removed rather than left to stand for a version it does not describe."""
     key = "/".join(p for p in (root.path, VERSIONS_DIR, POINTER_COPY) if p)
     data = json.dumps(pointer, sort_keys=True).encode()
-    sync(root.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+    try:
+        sync(root.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+    except Exception:
+        logger.warning("%s: could not write the pointer's copy %r (the publish stands)",
+                       where(url, group), copy_file(url, group), exc_info=True)
+        with contextlib.suppress(Exception):
+            sync(root.store.delete(key))
 
 
 def check_entries(arrays: Any, url: str, group: str) -> None:

@@ -33,13 +33,13 @@ from dkern.io._lock import publish_lock, unleased
 from dkern.io._store import (
     FOLDER_NAME,
     LEFTOVER,
-    POINTER_COPY,
     VERSIONS_DIR,
     Url,
     check_no_links,
     local_dir,
     open_group,
     plain_members,
+    pointer_restored,
     read_pointer,
     where,
 )
@@ -170,7 +170,8 @@ def _check_plain(root: zarr.Group, name: str, group: str, report: StoreReport) -
 def clean_store(
     url: Url, group: str = "", *, min_age: float | None = None, dry_run: bool = False
 ) -> list[str]:
-    """Delete what no pointer uses: unpublished version folders and stray ``*.partial``.
+    """Delete what no pointer uses: unpublished version folders and zarr's temporary files
+    (``<name>.<32 hex>.partial``) a killed write left; a user's other files stay.
 
     Published arrays are never touched: only paths no group's pointer lists are removed,
     read under the group's publish lock so no write publishes one meanwhile.
@@ -206,7 +207,12 @@ def clean_store(
             LOCAL_GRACE_S if local_dir(url, path) is not None else REMOTE_GRACE_S)
         # A dry run takes no publish lock: taking it creates the group's .dkern folder.
         with contextlib.nullcontext() if dry_run else publish_lock(url, path):
-            pointer = read_pointer(open_group(url, path, mode="r"), url, path)
+            root = open_group(url, path, mode="r")
+            pointer = read_pointer(root, url, path)
+            if pointer and pointer_restored(root):  # its copy's word: delete nothing by it
+                logger.warning("%s: not cleaned while its pointer is read from its copy; a "
+                               "dkern write to it restores the pointer", where(url, path))
+                continue
             if not dry_run:  # what a publish could not link (dkern.io._visible)
                 show_published(url, path, pointer, new_folder())
             removed += collect_orphans(url, path, pointer, min_age=age, deep=True,
@@ -221,8 +227,8 @@ def collect_orphans(
     """Delete the group's unreferenced, unleased leftovers older than ``min_age``.
 
     Call it holding the publish lock, with the pointer read under it, so no write can
-    publish a folder between the reading and the deleting. ``deep`` also looks for
-    ``*.partial`` files inside arrays (a full listing of the group). ``dry_run`` deletes
+    publish a folder between the reading and the deleting. ``deep`` also looks for zarr's
+    temporary files inside arrays (a full listing of the group). ``dry_run`` deletes
     nothing and returns what would be deleted.
     """
     store = _store.make_store(url, read_only=False)
@@ -272,7 +278,7 @@ def _orphans(
     in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}
     listed = [f"{VERSIONS_DIR}/{n}" for n in _list_dir(store, f"{prefix}{VERSIONS_DIR}")]
     unused = [p for p in listed if not p.rpartition("/")[2].startswith("zarr.")
-              and p != f"{VERSIONS_DIR}/{POINTER_COPY}" and p not in in_use]
+              and p not in in_use]
     partials = [p for p in listed if _is_leftover(p)]
     partials += [n for n in _list_dir(store, group) if _is_leftover(n)]
     if deep:  # inside unused folders they go with the folder, once its lease is free

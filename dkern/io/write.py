@@ -57,6 +57,7 @@ from dkern.io._store import (
     missing_part,
     open_group,
     plain_members,
+    pointer_restored,
     read_name,
     read_pointer,
     remove_created,
@@ -120,9 +121,10 @@ def write_arrays(
     Raises
     ------
     StoreError
-        A name already exists and ``overwrite`` is False; another writer published
-        one of these names while this write ran (nothing of this write is published);
-        the publish lock stayed taken too long.
+        A name already exists and ``overwrite`` is False, or is a group (never replaced);
+        the group, a folder above it or its ``.dkern`` is a symbolic link (on local disk);
+        another writer published one of these names while this write ran (nothing of this
+        write is published); the publish lock stayed taken too long.
     ValueError, TypeError
         A bad name, shape, dtype, ``chunk_rows`` or attribute. Nothing is written.
 
@@ -350,13 +352,15 @@ def _write_and_publish(
             with publish_lock(url, group):
                 root = open_group(url, group, mode="a")
                 before = read_pointer(root, url, group)
+                restoring = bool(before) and pointer_restored(root)
                 _check_unchanged(url, group, before.get("arrays", {}), seen)
                 after = sealed(_merged(before, {**kept, **entries}, new_attrs, replace_all))
                 root.update_attributes({POINTER_KEY: after})  # the publish
                 published = True
-                write_pointer_copy(root, after)
+                write_pointer_copy(root, after, url, group)
                 aside = _show_quietly(url, group, after, replacing)
-                _collect_quietly(url, group, after)
+                if not restoring:  # a restored copy's word is not enough to delete by
+                    _collect_quietly(url, group, after)
         finally:
             if sources and not published:
                 _delete_quietly(url, group, folder)

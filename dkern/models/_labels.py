@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import group_exists
+from ..io import group_exists, list_arrays
 from ..io.labelled import (
     LabelledRows,
     as_data_array,
@@ -85,9 +85,10 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     if rows is None:
         return dict(arrays), {}
     present = _group_dataset(url, group, leaving_out=set(arrays))
+    hidden = _hidden_arrays(url, group, present, leaving_out=set(arrays))
     ndim = max(a.ndim for a in arrays.values())
-    row_dim, with_coordinate = _row_dim(rows, present, base)
-    names = (row_dim, _column_dim(arrays, present, base, row_dim))[:ndim]
+    row_dim, with_coordinate = _row_dim(rows, present, base, hidden)
+    names = (row_dim, _column_dim(arrays, present, base, row_dim, hidden))[:ndim]
     dims = {name: names[:a.ndim] for name, a in arrays.items()}
     if with_coordinate and rows.dim in rows.coords:
         coordinate = np.asarray(rows.coords[rows.dim].values)
@@ -120,15 +121,26 @@ def _group_dataset(url: Any, group: str, leaving_out: set[str]) -> Any:
     return ds.drop_vars([v for v in leaving_out if v in ds.variables])
 
 
-def _row_dim(rows: LabelledRows, present: Any, base: str) -> tuple[str, bool]:
+def _hidden_arrays(url: Any, group: str, present: Any, leaving_out: set[str]) -> set[str]:
+    """Names of the group's dkern arrays xarray does not see (on a store without links,
+    such as an object store, none of them): a coordinate written under one of them would
+    replace it, or be refused as taken."""
+    if not group_exists(url, group):
+        return set()
+    seen = set(present.variables) if present is not None else set()
+    return set(list_arrays(url, group)) - seen - leaving_out
+
+
+def _row_dim(rows: LabelledRows, present: Any, base: str,
+             hidden: set[str]) -> tuple[str, bool]:
     """The rows' dimension name in the group ``present``, and whether X's coordinate is
     written with it (not when the group's own labels the same rows)."""
     if present is not None and rows.dim not in present.sizes \
-            and rows.dim not in present.variables:
+            and rows.dim not in present.variables and rows.dim not in hidden:
         return rows.dim, True
     if present is not None and _same_rows(rows, present):
         return rows.dim, False
-    own = _free_name(present, f"{base}_{rows.dim}")
+    own = _free_name(present, f"{base}_{rows.dim}", hidden)
     logger.info("X's rows along %r are not the store's rows along it: the predictions lie "
                 "along %r", rows.dim, own)
     return own, True
@@ -146,22 +158,25 @@ def _same_rows(rows: LabelledRows, present: Any) -> bool:
     return bool(ours.dtype == theirs.dtype and np.array_equal(ours, theirs))
 
 
-def _column_dim(arrays: dict[str, Any], present: Any, base: str, row_dim: str) -> str:
+def _column_dim(arrays: dict[str, Any], present: Any, base: str, row_dim: str,
+                hidden: set[str]) -> str:
     """A 2-D prediction's second dimension: ``"output"`` unless the group's has another
     length (or the group cannot be read), or the rows are along ``"output"``."""
     width = next((a.shape[1] for a in arrays.values() if a.ndim == 2), None)
     if width is None or (row_dim != "output" and present is not None
                          and present.sizes.get("output", width) == width):
         return "output"
-    return _free_name(present, f"{base}_output", besides=row_dim)
+    return _free_name(present, f"{base}_output", hidden, besides=row_dim)
 
 
-def _free_name(present: Any, name: str, besides: str | None = None) -> str:
+def _free_name(present: Any, name: str, hidden: set[str], besides: str | None = None) -> str:
     """``name``, or ``name`` with a number, along which nothing of the group lies but a
-    coordinate of that name (one an earlier write of the same predictions left), and
-    other than ``besides`` (the rows' dimension, for the columns')."""
+    coordinate of that name (one an earlier write of the same predictions left), no array
+    xarray does not see (``hidden``), and other than ``besides`` (the rows' dimension, for
+    the columns')."""
     candidate, number = name, 0
-    while candidate == besides or (present is not None and _taken(present, candidate)):
+    while candidate == besides or candidate in hidden or (
+            present is not None and _taken(present, candidate)):
         number += 1
         candidate = f"{name}_{number}"
     return candidate
