@@ -239,3 +239,20 @@ def test_a_copy_older_than_the_published_version_is_refused_and_nothing_collecte
     with pytest.raises(StoreError, match="names arrays that are gone"):
         clean_store(url, min_age=0)
     assert sorted(os.listdir(os.path.join(url, ".dkern"))) == folders
+
+
+def test_a_failed_write_keeps_a_group_another_writer_published_meanwhile(tmp_path):
+    """Two writers create groups of a new store; the one that fails used to remove the
+    whole store (it had created it), the other's published group included."""
+    url = str(tmp_path / "new.zarr")
+
+    def sibling_then_fail(block):
+        write_arrays(url, {"y": np.arange(3.0)}, group="b")  # the other writer publishes
+        raise RuntimeError("a worker failed mid-write")
+
+    with pytest.raises(RuntimeError, match="mid-write"):
+        failing_a = da.ones(4, chunks=4).map_blocks(sibling_then_fail,  # meta: not run yet
+                                                    meta=np.empty(0, dtype=float))
+        write_array(failing_a, url, "a/x")
+    np.testing.assert_array_equal(open_array(url, "b/y").compute(), np.arange(3.0))
+    assert not os.path.exists(os.path.join(url, "a"))

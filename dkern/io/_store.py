@@ -168,23 +168,32 @@ def missing_part(url: str, group: str) -> tuple[list[str], str | None] | None:
 
 def remove_created(url: str, group: str, created: tuple[list[str], str | None]) -> None:
     """Undo what a failed write to ``group`` created (see :func:`missing_part`), leaving
-    whatever was there before untouched: folders that did not exist go whole, folders that
-    did (a user's plain folder becoming a group) lose only dkern's ``zarr.json`` and
-    ``.dkern``. Call it holding the group's publish lock; it keeps everything once another
-    writer has published or is writing to ``group``."""
+    whatever was there before untouched, deepest folder first: each loses dkern's
+    ``zarr.json`` and ``.dkern``, and a folder that did not exist before goes once empty.
+    An ancestor holding another group (one another writer published meanwhile) is left
+    whole, and so is everything above it. Call it holding the
+    group's publish lock; it keeps everything once another writer has published or is
+    writing to ``group``."""
     missing, new = created
     root = find_group(url, group)
     if root is not None and (read_pointer(root, url, group) or _other_folders(root)):
         return
     fs, location = filesystem(url)
-    for path in missing:
+    for path in reversed(missing):
         folder = "/".join(p for p in (location, path) if p)
-        if path == new:
-            fs.rm(folder, recursive=True)
-            return
-        fs.rm([p for p in (f"{folder}/zarr.json", f"{folder}/{VERSIONS_DIR}")
-               if fs.exists(p) and not os.path.islink(p)],  # a link is the user's
-              recursive=True)
+        if not fs.exists(folder):
+            continue
+        own = [p for p in (f"{folder}/zarr.json", f"{folder}/{VERSIONS_DIR}")
+               if fs.exists(p) and not os.path.islink(p)]  # a link is the user's
+        others = {name.rstrip("/").rpartition("/")[2] for name in fs.ls(folder, detail=False)}
+        others -= {p.rpartition("/")[2] for p in own}
+        if path != group and any(fs.exists(f"{folder}/{name}/zarr.json") for name in others):
+            return  # another writer's group below: the metadata above it stays
+        if own:
+            fs.rm(own, recursive=True)
+        if not others and new is not None and (
+                new == "" or path == new or path.startswith(f"{new}/")):
+            fs.rm(folder, recursive=True)  # created by this write, and empty now
 
 
 def _other_folders(root: zarr.Group) -> bool:
