@@ -362,7 +362,8 @@ def test_refusal_names_the_overwrite_flag_not_the_keyword(capsys, saved_model, t
 @pytest.mark.parametrize(("flag", "under"), [("--model", "f.txt/model.zarr"),
                                               ("--model", "f.txt/a/model.zarr"),
                                               ("--model", "f.txt"),
-                                              ("--checkpoint", "f.txt/ckpt")])
+                                              ("--checkpoint", "f.txt/ckpt"),
+                                              ("--model", "f.txt/a::b.zarr")])
 def test_fit_refuses_a_path_under_a_file_before_fitting(capsys, saved_model, tmp_path,
                                                         monkeypatch, flag, under):
     """Issue: --model under a regular file passed the pre-fit check; the whole fit ran,
@@ -380,6 +381,16 @@ def test_fit_refuses_a_path_under_a_file_before_fitting(capsys, saved_model, tmp
     assert f"{flag} {paths[flag]!r} {where} a file, not a folder" in err
     assert f"pass a new path in a folder, e.g. in {str(tmp_path)!r}" in err
     assert (tmp_path / "f.txt").read_text() == "notes" and not (tmp_path / "new.zarr").exists()
+
+
+def test_fit_refuses_a_model_path_under_a_link_to_nothing(capsys, saved_model, tmp_path):
+    """A dangling link is named as such, not as a file."""
+    store, _ = saved_model
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fit", "--data", store, "--x", "X_test", "--y", "y_test", "--workers", "1",
+                  "--model", str(tmp_path / "dangling" / "m.zarr")])
+    assert exc.value.code == 2 and "which is a link to nothing" in capsys.readouterr().err
 
 
 @pytest.mark.distributed

@@ -167,15 +167,16 @@ def check_creatable(flag: str, url: str, usage_error: Callable[[str], Any]) -> N
     """``usage_error`` naming ``flag`` when the local path ``url`` is a file, or lies under
     one: no store can be created there, and writing would fail only after the work (a
     whole fit) with a bare "Not a directory". fsspec URLs are left to their file system."""
-    if "://" in url or "::" in url:
+    if "://" in url:  # a plain path is a local folder, '::' or not (dkern.io.filesystem)
         return
     path = node = os.path.abspath(url)
     while not os.path.lexists(node):  # the nearest part of the path that exists
         node = os.path.dirname(node)
     if os.path.isdir(node):
         return
+    what = "a link to nothing" if os.path.islink(node) else "a file"
     where_ = "is" if node == path else f"lies under {node!r}, which is"
-    usage_error(f"{flag} {url!r} {where_} a file, not a folder, so no Zarr store can be "
+    usage_error(f"{flag} {url!r} {where_} {what}, not a folder, so no Zarr store can be "
                 f"created there; pass a new path in a folder, e.g. in "
                 f"{os.path.dirname(node)!r}")
 

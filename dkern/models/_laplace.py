@@ -11,6 +11,7 @@ and Alg. 3.1's own steps: ``solve_dense`` holds K and B as n × n matrices (n up
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from .logistic import (
     sigmoid,
 )
 from .logistic.newton import StepFunction
+
+logger = logging.getLogger(__name__)
 
 #: Newton stops when the objective ``Ψ(f) = log p(t|f) − ½ fᵀK⁻¹f`` (Alg. 3.1 line 10 without
 #: the log-determinant, which CG does not compute) rises by less than this; scikit-learn
@@ -109,7 +112,12 @@ def amplitude_tol(K: GramOperator, tol: float) -> float:
     hundreds, CG to 1e-8 left probabilities 3e-3 from the exact ones on real data.
     """
     top = float(K.diag().max().compute())
-    return tol / top if top > 1 else tol
+    if top <= 1:
+        return tol
+    # said, since CG's warnings then name this tol, not the one the user passed
+    logger.info("the kernel's prior variance reaches %.3g: the CG solves run to tol / %.3g "
+                "= %.1e", top, top, tol / top)
+    return tol / top
 
 
 def solve_cg(K: GramOperator, t: da.Array, max_iter: int, tol: float,
