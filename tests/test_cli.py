@@ -383,6 +383,20 @@ def test_fit_refuses_a_path_under_a_file_before_fitting(capsys, saved_model, tmp
     assert (tmp_path / "f.txt").read_text() == "notes" and not (tmp_path / "new.zarr").exists()
 
 
+@pytest.mark.parametrize("command", [["make-data", "--n", "10", "--d", "2", "--out"],
+                                     ["demo", "--n", "100", "--store"]])
+def test_store_paths_under_a_file_are_refused_before_a_cluster_starts(capsys, tmp_path,
+                                                                     command):
+    """make-data --out and demo --store under a regular file failed with a bare
+    "[Errno 20] Not a directory" once the cluster ran."""
+    (tmp_path / "f.txt").write_text("notes")
+    flag = command[-1]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*command, str(tmp_path / "f.txt" / "d.zarr"), "--workers", "1"])
+    assert exc.value.code == 2 and f"{flag} " in (err := capsys.readouterr().err)
+    assert "which is a file, not a folder" in err and (tmp_path / "f.txt").read_text() == "notes"
+
+
 def test_fit_refuses_a_model_path_under_a_link_to_nothing(capsys, saved_model, tmp_path):
     """A dangling link is named as such, not as a file."""
     store, _ = saved_model

@@ -9,7 +9,14 @@ import tempfile
 import time
 from typing import Any
 
-from ._common import cluster_client, positive_float, positive_int, rmse, solver_arguments
+from ._common import (
+    check_creatable,
+    cluster_client,
+    positive_float,
+    positive_int,
+    rmse,
+    solver_arguments,
+)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser,
@@ -28,10 +35,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--store", default=None,
                         help="where to write (default: a temp dir); the demo's arrays there "
                              "(X, y, X_test, y_test, pred) are replaced")
-    parser.set_defaults(run=run, written_store="store", store_paths=("store",))
+    parser.set_defaults(run=run, usage_error=parser.error, written_store="store",
+                        store_paths=("store",))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.store is not None:  # before a cluster starts
+        check_creatable("--store", args.store, args.usage_error)
     if args.store is None:  # a store of its own, removed afterwards
         with tempfile.TemporaryDirectory(prefix="dkern-demo-") as folder:
             report = _run_demo(args, os.path.join(folder, "demo.zarr"))

@@ -8,7 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from ._common import cluster_client, nonnegative_float, nonnegative_int, positive_int
+from ._common import (
+    check_creatable,
+    cluster_client,
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser,
@@ -29,12 +35,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace arrays already there")
-    parser.set_defaults(run=run, written_store="out", store_paths=("out",))
+    parser.set_defaults(run=run, usage_error=parser.error, written_store="out",
+                        store_paths=("out",))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..io import make_regression_store
 
+    check_creatable("--out", args.out, args.usage_error)  # before a cluster starts
     start = time.perf_counter()
     with cluster_client(args):
         make_regression_store(args.out, args.n, args.d, chunk_rows=args.chunk_rows,
