@@ -246,6 +246,16 @@ def test_a_kernel_without_triton_form_falls_back_to_numpy_logged(caplog, monkeyp
     assert "backend='triton': kernel products run with numpy: Warp has no Triton form" \
         in caplog.text
     assert_matches_numpy(got, kernel, X, Z, v, 1e-15)
+    z, y = Z[:10], RNG.normal(size=(len(X), 1))  # the sparse GP's device blocks, too
+    L = np.linalg.cholesky(kernel(z, z) + 1e-6 * np.eye(10))
+    LB, c = np.linalg.cholesky(np.eye(10) + np.eye(10)), RNG.normal(size=(10, 1))
+    with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):
+        for name, args in (("sgpr_statistics", (y, L)), ("sgpr_predict", (L, LB, c))):
+            got = getattr(block_backend("triton"), name)(X, z, *args, kernel=kernel, tile=40)
+            want = getattr(block_backend("numpy"), name)(X, z, *args, kernel=kernel, tile=40)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    assert "sparse GP statistics run with numpy: Warp" in caplog.text
+    assert "sparse GP predictions run with numpy: Warp" in caplog.text
 
 
 @pytest.mark.parametrize("kernel", [Gaussian([0.5, 1.0, 2.0]), 1.5 * Matern(0.8) + White(0.1)],
@@ -298,6 +308,28 @@ def test_projections_equal_numpy(triton_calls):
     LB, c = np.linalg.cholesky(np.eye(20) + Linv @ Linv.T), RNG.normal(size=(20, 2))
     close(triton_.sgpr_predict(X, z, L, LB, c, kernel=kernel, tile=64),
           numpy_.sgpr_predict(X, z, L, LB, c, kernel=kernel, tile=64))
+
+
+def test_sgpr_device_blocks_in_row_tiles_equal_numpy():
+    """The sparse GP's sums and predictions kept on the device, over several row tiles of
+    A (37 rows, the last one short) and two target columns: numpy's host blocks to 1e-10,
+    the variance within [0, k(x, x)]."""
+    from dkern.backends.triton_backend import sgpr_predict_triton, sgpr_statistics_triton
+
+    kernel, z = Gaussian([0.7, 1.0, 1.3]), Z[:24]
+    y = np.column_stack([np.sin(X[:, 0]), X[:, 1] * X[:, 2]])
+    L = np.linalg.cholesky(kernel(z, z) + 1e-6 * np.eye(len(z)))
+    numpy_ = block_backend("numpy")
+    got = sgpr_statistics_triton(kernel, X, z, y, L, rows=37)
+    want = numpy_.sgpr_statistics(X, z, y, L, kernel=kernel, tile=50)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * np.abs(want).max())
+    P = np.tril(want[:, :24]) + np.tril(want[:, :24], -1).T
+    LB = np.linalg.cholesky(np.eye(24) + P / 0.05)
+    c = np.linalg.solve(LB, want[:, 24:]) / 0.05
+    got = sgpr_predict_triton(kernel, X, z, L, LB, c, kernel.diag(X), rows=37)
+    want = numpy_.sgpr_predict(X, z, L, LB, c, kernel=kernel, tile=50)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * np.abs(want).max())
+    assert np.all(got[:, -1] >= 0) and np.all(got[:, -1] <= kernel.diag(X))
 
 
 def test_sparse_gp_fit_and_predict_run_through_triton(triton_calls):
@@ -400,7 +432,8 @@ def test_white_noise_alone_has_no_blocks():
 
 @pytest.fixture
 def triton_calls(monkeypatch):
-    """The calls of the fused product from the block backend (a spy around the real one)."""
+    """The calls of the fused product from the block backend (a spy around the real one):
+    v's shape, and ("sgpr", M) for the sparse GP's device blocks, which run it inside."""
     calls = []
     real = blocks_module.matvec_block_triton
 
@@ -408,7 +441,15 @@ def triton_calls(monkeypatch):
         calls.append(v.shape)
         return real(kernel, x, z, v)
 
+    def spy_sgpr(real_block):
+        def sgpr_spy(kernel, x, z, *args, **kwargs):
+            calls.append(("sgpr", len(z)))
+            return real_block(kernel, x, z, *args, **kwargs)
+        return sgpr_spy
+
     monkeypatch.setattr(blocks_module, "matvec_block_triton", spy)
+    for name in ("sgpr_statistics_triton", "sgpr_predict_triton"):
+        monkeypatch.setattr(blocks_module, name, spy_sgpr(getattr(blocks_module, name)))
     return calls
 
 

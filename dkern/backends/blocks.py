@@ -64,6 +64,8 @@ from .triton_backend import (
     matvec_block_triton,
     nearest_block_triton,
     pair_weighted_grads_triton,
+    sgpr_predict_triton,
+    sgpr_statistics_triton,
 )
 
 __all__ = ["BlockBackend", "KeopsBlocks", "NumpyBlocks", "TritonBlocks", "block_backend"]
@@ -231,7 +233,8 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
     kernel derivative products ``∂K/∂θ V`` of GP learning, a Gaussian's smoothing sums (an
     online log-sum-exp), the k nearest neighbours (a running top-k in registers), and the
     whitened cross blocks of the sparse GP and leverage scores (as products with
-    ``L⁻ᵀ``, :class:`~dkern.backends.projections.FusedProjections`) and the SGPR bound's
+    ``L⁻ᵀ``, :class:`~dkern.backends.projections.FusedProjections`; the sparse GP's sums and
+    predictions keep them on the device for their M × M work) and the SGPR bound's
     gradient. A kernel Triton cannot express (:mod:`.triton_source`) and a smoothing
     kernel without a log form run numpy's blocks, logged once per process; dense blocks
     and diagonals are numpy's by design, as under KeOps.
@@ -268,6 +271,31 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
     def nearest(self, x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray, *,
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         return nearest_block_triton(x, z, limit, index, k=k)
+
+    def sgpr_statistics(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, L: np.ndarray, *,
+                        kernel: Kernel, tile: int) -> np.ndarray:
+        """``[AᵀA, Aᵀy]`` of one row chunk with A and its sums on the device
+        (:func:`~dkern.backends.triton_backend.sgpr_statistics_triton`); ``tile``, sized for
+        the host's BLAS, is used only where a kernel Triton cannot express takes the
+        fused-product path on the host."""
+        try:
+            out = sgpr_statistics_triton(kernel, x, z, y, L)
+        except NoTritonSource as why:
+            log_fallback_once("sparse GP statistics", str(why), backend="triton")
+            return super().sgpr_statistics(x, z, y, L, kernel=kernel, tile=tile)
+        return finite_values(out, kernel, x, z, y)
+
+    def sgpr_predict(self, x: np.ndarray, z: np.ndarray, L: np.ndarray, LB: np.ndarray,
+                     c: np.ndarray, *, kernel: Kernel, tile: int) -> np.ndarray:
+        """SGPR ``[mean, latent variance]`` of one test chunk, on the device
+        (:func:`~dkern.backends.triton_backend.sgpr_predict_triton`); ``tile`` as in
+        :meth:`sgpr_statistics`."""
+        try:
+            out = sgpr_predict_triton(kernel, x, z, L, LB, c, self.kernel_diag(x, kernel=kernel))
+        except NoTritonSource as why:
+            log_fallback_once("sparse GP predictions", str(why), backend="triton")
+            return super().sgpr_predict(x, z, L, LB, c, kernel=kernel, tile=tile)
+        return finite_values(out, kernel, x, z)
 
     def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
                       ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],

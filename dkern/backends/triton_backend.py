@@ -90,6 +90,31 @@ def _tensor(a: np.ndarray, device: Any) -> Any:
     return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
 
+_STREAMS = threading.local()
+
+
+def _on_thread_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` on its thread's own CUDA stream (as is under the interpreter).
+
+    dask runs one block per thread; on torch's one default stream their launches would
+    queue behind each other, each leaving part of the GPU idle at its tail. On a stream
+    per thread they overlap. A block's copies, launches and results stay on its stream,
+    and bringing a result to the host waits for that stream alone.
+    """
+    @functools.wraps(fn)
+    def on_stream(*args: Any, **kwargs: Any) -> Any:
+        if interpreting():
+            return fn(*args, **kwargs)
+        import torch
+
+        stream = getattr(_STREAMS, "stream", None)
+        if stream is None:
+            stream = _STREAMS.stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            return fn(*args, **kwargs)
+    return on_stream
+
+
 @functools.lru_cache(maxsize=1)
 def _multiprocessors() -> int:
     """The GPU's streaming multiprocessors (2 under the interpreter, so that the tests'
@@ -105,12 +130,19 @@ def _other_tiles() -> tuple[int, int, int]:
     return INTERPRETER_TILES if interpreting() else GPU_OTHER_TILES
 
 
+#: Programs per multiprocessor a product with few rows is split into (by columns): more
+#: hides more memory latency, each adds a partial sum to reduce. benchmarks/gpu_splits.py
+#: times the choices on a GPU.
+PROGRAMS_PER_MULTIPROCESSOR = 4
+
+
 def _splits(rows: int, bn: int, m: int, bm: int) -> int:
     """Column ranges to split a product's columns into, so that one with few rows (Falkon's
-    ``k(c, x) u`` over M centres) still has programs for every multiprocessor: about four
-    programs each, and no range under one tile."""
+    ``k(c, x) u`` over M centres) still has programs for every multiprocessor
+    (:data:`PROGRAMS_PER_MULTIPROCESSOR` each), and no range under one tile."""
     row_programs = max(1, -(-rows // bn))
-    return max(1, min(-(-m // bm), -(-4 * _multiprocessors() // row_programs)))
+    wanted = PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors()
+    return max(1, min(-(-m // bm), -(-wanted // row_programs)))
 
 
 #: Tiles that fit, per kernel, requested tiles and compile-time constants: a kernel whose
@@ -150,6 +182,7 @@ def _launch(run: Any, rows: int, tiles: tuple[int, int, int], *args: Any, splits
                         bn, bm)
 
 
+@_on_thread_stream
 def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                         tiles: tuple[int, int, int] | None = None,
                         chunk: int | None = None) -> np.ndarray:
@@ -161,12 +194,22 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
     Raises :class:`~dkern.backends.triton_source.NoTritonSource` for a kernel Triton
     cannot express.
     """
+    return _matvec_on_device(kernel, x, z, v, tiles=tiles, chunk=chunk).cpu().numpy()
+
+
+def _matvec_on_device(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: Any, *,
+                      tiles: tuple[int, int, int] | None = None,
+                      chunk: int | None = None) -> Any:
+    """:func:`matvec_block_triton`'s product, left on the device: a float64 tensor (n, t).
+    ``v`` is an ndarray or a tensor already on the device (not copied again)."""
     import torch
     import triton
 
     dtype = np.result_type(x.dtype, z.dtype, np.float32)
     x, z = x.astype(dtype, copy=False), z.astype(dtype, copy=False)
     v2 = v.reshape(len(z), -1) if v.ndim == 1 else v
+    v2 = v2 if torch.is_tensor(v2) else torch.from_numpy(np.array(v2, dtype=dtype))
+    torch_dtype = torch.float32 if dtype == np.float32 else torch.float64
     n, m, d = x.shape[0], z.shape[0], x.shape[1]
     source, params = matvec_source(kernel, d)
     run = _compiled(source)
@@ -176,12 +219,12 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
     ct = triton.language.float32 if dtype == np.float32 else triton.language.float64
     xt, zt = _tensor(x, device), _tensor(z, device)
     pt = _tensor(params.astype(dtype) if len(params) else np.zeros(1, dtype), device)
-    out = np.empty((n, v2.shape[1]))
+    out = torch.empty((n, v2.shape[1]), dtype=torch.float64, device=device)
     splits = _splits(n, bn, m, bm)
     span = -(-m // (splits * bm)) * bm  # whole tiles per split, the last split's fewer
     splits = -(-m // span) if m else 1
     for lo in range(0, v2.shape[1], MAX_COLUMNS):
-        vt = _tensor(v2[:, lo:lo + MAX_COLUMNS].astype(dtype), device)
+        vt = v2[:, lo:lo + MAX_COLUMNS].to(device=device, dtype=torch_dtype).contiguous()
         t = vt.shape[1]
         tp = 1 if t == 1 else max(16, triton.next_power_of_2(t))
         res = torch.empty((splits, n, t), dtype=torch.float64, device=device)
@@ -190,10 +233,121 @@ def matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: np.ndar
                     min_bm=16 if tp > 1 else 1, D=d, T=t, TP=tp, S=chunk, CT=ct)
         else:
             res.zero_()
-        out[:, lo:lo + t] = res.sum(dim=0).cpu().numpy()
+        out[:, lo:lo + t] = res.sum(dim=0)
     return out
 
 
+@_on_thread_stream
+def sgpr_statistics_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, y: np.ndarray,
+                           L: np.ndarray, *, rows: int | None = None) -> np.ndarray:
+    """One row chunk of the sparse GP's sums ``[AᵀA, Aᵀy]`` with ``A = k(x, z) L⁻ᵀ``, as
+    :meth:`~dkern.backends.projections.ProjectionBlocks.sgpr_statistics`, all on the device.
+
+    A comes from the fused product with the columns of ``L⁻ᵀ`` (kernel values never
+    stored) and stays on the device, where its M × M sums run too: only the (M, M + t)
+    result comes back, so the host does none of the O(n M²) work.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    x : ndarray of shape (n, d)
+    z : ndarray of shape (M, d)
+        The centres.
+    y : ndarray of shape (n, t)
+    L : ndarray of shape (M, M)
+        Lower Cholesky factor of ``k(z, z)`` (plus jitter).
+    rows : int, optional
+        Rows of x per device tile of A; default :func:`_whitening_rows`.
+
+    Returns
+    -------
+    ndarray of shape (M, M + t), float64
+        ``AᵀA`` (its lower triangle; zeros above) beside ``Aᵀy``.
+    """
+    import torch
+
+    M = len(z)
+    rows = rows or _whitening_rows(M)
+    device = _device()
+    Wt = _inverse_lower(L, device).T  # L⁻ᵀ on the device, shape: (M, M)
+    yt = _tensor(np.asarray(y, np.float64).reshape(len(x), -1), device)
+    out = torch.zeros((M, M + yt.shape[1]), dtype=torch.float64, device=device)
+    for i0 in range(0, len(x), rows):
+        A = _matvec_on_device(kernel, x[i0:i0 + rows], z, Wt)  # shape: (rows, M)
+        out += A.T @ torch.cat([A, yt[i0:i0 + rows]], dim=1)
+    out[:, :M] = torch.tril(out[:, :M])  # the host path's contract: the caller mirrors it
+    return out.cpu().numpy()
+
+
+@_on_thread_stream
+def sgpr_predict_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, L: np.ndarray,
+                        LB: np.ndarray, c: np.ndarray, prior: np.ndarray, *,
+                        rows: int | None = None) -> np.ndarray:
+    """One test chunk of the sparse GP's ``[mean, latent variance]``, as
+    :meth:`~dkern.backends.projections.ProjectionBlocks.sgpr_predict`, all on the device.
+
+    With ``A = k(x, z) L⁻ᵀ`` (the fused product) and ``A_B = A L_B⁻ᵀ``: mean ``A_B c``,
+    variance ``min(max(k(x, x) − ‖A‖², 0) + ‖A_B‖², k(x, x))`` per row. ``L_B`` is the
+    factor of ``I + AᵀA / σ²`` (eigenvalues ≥ 1), so its explicit inverse loses nothing
+    the triangular solve would keep; only (n, t + 1) numbers come back to the host.
+
+    Parameters
+    ----------
+    kernel : Kernel
+    x : ndarray of shape (n, d)
+    z : ndarray of shape (M, d)
+    L, LB : ndarray of shape (M, M)
+        Lower Cholesky factors of ``k(z, z)`` and of ``I + AᵀA / σ²``.
+    c : ndarray of shape (M, t)
+    prior : ndarray of shape (n,)
+        ``k(x_i, x_i)``.
+    rows : int, optional
+        Rows of x per device tile of A; default :func:`_whitening_rows`.
+
+    Returns
+    -------
+    ndarray of shape (n, t + 1), float64
+    """
+    import torch
+
+    M = len(z)
+    rows = rows or _whitening_rows(M)
+    device = _device()
+    Wt = _inverse_lower(L, device).T  # L⁻ᵀ on the device, shape: (M, M)
+    WBt = _inverse_lower(LB, device).T  # L_B⁻ᵀ on the device
+    ct = _tensor(np.asarray(c, np.float64), device)
+    kxx = _tensor(np.asarray(prior, np.float64), device)
+    out = torch.empty((len(x), ct.shape[1] + 1), dtype=torch.float64, device=device)
+    for i0 in range(0, len(x), rows):
+        A = _matvec_on_device(kernel, x[i0:i0 + rows], z, Wt)  # shape: (rows, M)
+        AB = A @ WBt
+        p = kxx[i0:i0 + rows]
+        gap = torch.clamp(p - (A * A).sum(dim=1), min=0.0)
+        out[i0:i0 + rows, :-1] = AB @ ct
+        out[i0:i0 + rows, -1] = torch.minimum(gap + (AB * AB).sum(dim=1), p)
+    return out.cpu().numpy()
+
+
+#: Bytes of one device tile of the whitened block A (rows × M float64): big enough that
+#: the M × M products run at the GPU's pace, small beside its memory with a few dask
+#: threads each holding one.
+DEVICE_TILE_BYTES = 1 << 30
+
+
+def _whitening_rows(M: int) -> int:
+    return max(256, DEVICE_TILE_BYTES // (8 * max(1, M)))
+
+
+def _inverse_lower(L: np.ndarray, device: Any) -> Any:
+    """``L⁻¹`` of a lower-triangular L (M × M), computed on the device; float64 tensor."""
+    import torch
+
+    Lt = _tensor(np.asarray(L, np.float64), device)
+    eye = torch.eye(len(Lt), dtype=torch.float64, device=device)
+    return torch.linalg.solve_triangular(Lt, eye, upper=False)
+
+
+@_on_thread_stream
 def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
                           kernel: Gaussian, scale: float = 1.0) -> np.ndarray:
     """``[m, s₀, s₁ … s_T]`` of the Gaussian weights ``k(x/scale, z/scale)`` per row of x,
@@ -238,6 +392,7 @@ def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = N
     return res.cpu().numpy()
 
 
+@_on_thread_stream
 def nearest_block_triton(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray,
                          *, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest rows of z to each row of x within ``limit``, by exact squared
@@ -289,6 +444,7 @@ def nearest_block_triton(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index:
     return np.take_along_axis(sq, order, axis=1), np.take_along_axis(idx, order, axis=1)
 
 
+@_on_thread_stream
 def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
                              v: np.ndarray) -> np.ndarray:
     """``∂kernel(x, z)/∂θ_j @ v`` for every log-hyperparameter j (``kernel.theta``'s
@@ -332,6 +488,7 @@ def grad_matvec_block_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray,
     return out
 
 
+@_on_thread_stream
 def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
                                w: np.ndarray) -> np.ndarray:
     """``out[m, j] = Σᵢ w[i, m] ∂kernel(z_m, xᵢ)/∂θ_j`` for z (M, d), x (n, d), w (n, M):
@@ -356,4 +513,4 @@ def pair_weighted_grads_triton(kernel: Kernel, z: np.ndarray, x: np.ndarray,
 
 __all__ = ["NoTritonSource", "grad_matvec_block_triton", "interpreting", "log_sums_block_triton",
            "matvec_block_triton", "matvec_source", "nearest_block_triton",
-           "pair_weighted_grads_triton"]
+           "pair_weighted_grads_triton", "sgpr_predict_triton", "sgpr_statistics_triton"]
