@@ -57,10 +57,10 @@ def _threaded_blocks(block, Q, block_rows):
     """``block(Q[i:i + block_rows])`` for every block of query rows, concatenated: the
     blocks on a pool of one thread per core, BLAS on one thread in each."""
     def run(i):
-        with threadpool_limits(1, user_api="blas"):
-            return block(Q[i:i + block_rows])
+        return block(Q[i:i + block_rows])
 
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
+    # one process-wide limit, set and restored by this thread (BLAS's thread count is global)
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(os.cpu_count()) as pool:
         return np.concatenate(list(pool.map(run, range(0, len(Q), block_rows))))
 
 

@@ -14,7 +14,10 @@ A Gaussian (or ``c * Gaussian``) on few features skips the tiles: the fused C lo
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -66,9 +69,35 @@ def matvec_block_numpy(kernel: Kernel, X: np.ndarray, Z: np.ndarray, V: np.ndarr
     return out
 
 
-def single_threaded_blas() -> Any:
-    """Context manager limiting BLAS to one thread (tasks run side by side instead)."""
-    return _blas_controller().limit(limits=1, user_api="blas")
+_BLAS_LOCK = threading.Lock()
+_blas_users = 0
+_blas_limiter: Any = None
+
+
+@contextlib.contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Limit BLAS to one thread while any caller is inside (tasks run side by side instead).
+
+    BLAS's thread count is one setting for the whole process, and dask's threaded
+    scheduler enters this from several threads at once. Each entry saving and restoring
+    that setting by itself would let a thread save the 1 another had set, and restore it
+    last: the process's BLAS would stay single-threaded after the pass (the client's
+    M × M factorisations then ran on one core). So the first caller in sets the limit and
+    the last one out restores what it found.
+    """
+    global _blas_users, _blas_limiter
+    with _BLAS_LOCK:
+        if _blas_users == 0:
+            _blas_limiter = _blas_controller().limit(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limiter.restore_original_limits()
+                _blas_limiter = None
 
 
 @functools.lru_cache(maxsize=1)
