@@ -78,8 +78,8 @@ def test_overlapping_sections_restore_the_threads_they_found(blas):
 
 
 def test_a_threaded_pass_leaves_the_callers_blas_threads(blas):
-    """A numpy-backend product (BLAS tiles: a Matérn) on dask's threaded scheduler (64 blocks, 8 at a time), then
-    the caller's BLAS count: what it was before."""
+    """A numpy-backend product (BLAS tiles: a Matérn) on dask's threaded scheduler (64
+    blocks, 8 at a time), then the caller's BLAS count: what it was before."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(2_000, 3))
     v = rng.normal(size=(2_000, 1))

@@ -194,18 +194,22 @@ def test_tiles_too_big_for_the_gpu_are_halved_logged(monkeypatch, caplog):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("d", [3, 20], ids=["x-in-registers", "x-loaded-per-tile"])
-def test_chunks_of_tiles_and_column_splits_equal_numpy(d, dtype):
+def test_chunks_of_tiles_and_column_splits_equal_numpy(d, dtype, monkeypatch):
     """Small tiles on many columns: each program sums chunks of two tiles entry by entry,
     over several chunks, in several column splits ending in a part tile; one and three
     right-hand sides; with x's columns kept in registers (d ≤ HOIST_MAX) and not."""
+    from dkern.backends import triton_backend
     from dkern.backends.triton_backend import _splits, matvec_block_triton
     from dkern.backends.triton_source import HOIST_MAX
 
     assert (d <= HOIST_MAX) == (d == 3)
     rng = np.random.default_rng(d)
     x, z = rng.normal(size=(20, d)).astype(dtype), rng.normal(size=(301, d)).astype(dtype)
-    # four programs per "multiprocessor" (2 under the interpreter) over 2 row blocks: four
-    # splits of 80 columns (five tiles: chunks of 2, 2 and 1), the last of 61
+    # two "multiprocessors" (as under the interpreter; a GPU has more) with four programs
+    # each, over 2 row blocks: four splits of 80 columns (five tiles: chunks of 2, 2 and
+    # 1), the last of 61
+    monkeypatch.setattr(triton_backend, "_multiprocessors", lambda: 2)
+    monkeypatch.setattr(triton_backend, "PROGRAMS_PER_MULTIPROCESSOR", 4)
     assert _splits(len(x), 16, len(z), 16) == 4
     kernel = Matern(2.0 * np.sqrt(d), nu=1.5)
     for width in (1, 3):

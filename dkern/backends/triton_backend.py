@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 #: Tile sizes (rows × columns of one kernel tile) and warps per program of the Gram
 #: product on a GPU: the fastest of benchmarks/gram.py's sweep (RESULTS.md names the GPU).
-GPU_TILES = {"float32": (128, 32, 4), "float64": (64, 32, 2)}
+GPU_TILES = {"float32": (128, 32, 8), "float64": (64, 32, 2)}
 #: The other fused kernels' (smoothing sums, neighbours' ∂K/∂θ products, the sparse GP's
 #: gradient), not swept: those they were written with. _launch shrinks what does not fit.
 GPU_OTHER_TILES = (128, 64, 4)
@@ -133,7 +133,7 @@ def _other_tiles() -> tuple[int, int, int]:
 #: Programs per multiprocessor a product with few rows is split into (by columns): more
 #: hides more memory latency, each adds a partial sum to reduce. benchmarks/gpu_splits.py
 #: times the choices on a GPU.
-PROGRAMS_PER_MULTIPROCESSOR = 4
+PROGRAMS_PER_MULTIPROCESSOR = 16
 
 
 def _splits(rows: int, bn: int, m: int, bm: int) -> int:
