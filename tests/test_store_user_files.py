@@ -256,3 +256,56 @@ def test_a_failed_write_keeps_a_group_another_writer_published_meanwhile(tmp_pat
         write_array(failing_a, url, "a/x")
     np.testing.assert_array_equal(open_array(url, "b/y").compute(), np.arange(3.0))
     assert not os.path.exists(os.path.join(url, "a"))
+
+
+def _old_dkern_store_after_xarray(url: str) -> list[str]:
+    """A store as a dkern older than the pointer's copy left it, after xarray's
+    to_zarr(mode="a"): no copy, and no pointer in zarr.json. Its version folders."""
+    os.remove(os.path.join(url, ".dkern", "zarr.pointer.json"))
+    _drop_pointer(url)
+    return sorted(os.listdir(os.path.join(url, ".dkern")))
+
+
+def test_published_versions_without_pointer_or_copy_are_never_collected(tmp_path):
+    """With neither the pointer nor its copy, the group's published versions (complete
+    arrays) would look like leftovers: a write, a clean and a check each refuse, naming
+    the versions and the ways out, and so does dkern's reader (not "no array X"); nothing
+    is deleted, and plain zarr still reads the arrays under their names (the links)."""
+    from dkern.io import check_store, clean_store
+
+    url = str(tmp_path / "s.zarr")
+    X = np.arange(20.0).reshape(10, 2)
+    write_arrays(url, {"X": X})
+    folders = _old_dkern_store_after_xarray(url)
+    with pytest.raises(StoreError, match=r"no dkern pointer and no copy of it, yet \.dkern "
+                                         r"holds published versions \['\.dkern/"):
+        write_array(np.ones(10), url, "pred")
+    with pytest.raises(StoreError, match="Restore zarr.json from a backup"):
+        clean_store(url, min_age=0)
+    report = check_store(url)
+    assert not report.ok and "no dkern pointer and no copy" in report.damage[0]
+    with pytest.raises(StoreError, match="no dkern pointer and no copy"):
+        open_array(url, "X")
+    assert sorted(os.listdir(os.path.join(url, ".dkern"))) == folders  # nothing added or lost
+    import zarr
+
+    np.testing.assert_array_equal(zarr.open_array(os.path.join(url, "X"), mode="r")[:], X)
+
+
+def test_a_killed_first_writes_complete_folder_is_collected_not_mistaken_for_a_lost_version(
+        tmp_path):
+    """A first write killed after its arrays were complete (chunk checksums recorded) but
+    before it published: no pointer, no copy, and no link to its folder. The next write
+    goes ahead and collects that folder."""
+    import zarr
+
+    from dkern.io._store import CHUNK_CRCS
+
+    url = str(tmp_path / "s.zarr")
+    zarr.open_group(url, mode="w")
+    leftover = ".dkern/20200101T000000Z-0123456789abcdef"
+    zarr.create_array(url, name=f"{leftover}/X", shape=(4,), dtype="f8").update_attributes(
+        {CHUNK_CRCS: [0]})
+    write_array(np.ones(4), url, "X")
+    assert not os.path.exists(os.path.join(url, leftover))
+    np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones(4))

@@ -18,8 +18,10 @@ from dask.base import tokenize
 from zarr.core.sync import sync
 
 from dkern.errors import CorruptChunkError, StoreError
+from dkern.io._lost import check_pointer_not_lost
 from dkern.io._store import (
     CHUNK_CRCS,
+    POINTER_KEY,
     MisplacedChunk,
     MissingChunk,
     StrictChunkStore,
@@ -308,8 +310,10 @@ def _plain_array(root: zarr.Group, url: str, group: str, name: str) -> zarr.Arra
     base = local_dir(url, group)
     # a link dkern placed for an array its pointer no longer lists (a crash between the
     # publish and the unlinking): that array was dropped
-    node = None if base is not None and is_own_link(os.path.join(base, name), name) \
-        else root.get(name)
+    own_link = base is not None and is_own_link(os.path.join(base, name), name)
+    if own_link and POINTER_KEY not in root.attrs:  # or the pointer itself is lost
+        check_pointer_not_lost(url, group, root)
+    node = None if own_link else root.get(name)
     if not isinstance(node, zarr.Array):
         found = "a group" if node is not None else "nothing"
         raise StoreError(
