@@ -131,6 +131,27 @@ def test_cg_gives_the_exact_probabilities_at_a_learned_large_amplitude():
     assert np.abs(lazy.predict_proba(X) - exact.predict_proba(X)).max() <= 1e-6
 
 
+def test_cg_refuses_variances_its_solves_cannot_resolve():
+    """At amplitude 1e7, CG's attainable residual (about 1e-4) is far above tol / max
+    k(x, x): on 200 rows the latent variances k** − k*ᵀ S B⁻¹ S k* came out negative and
+    the probabilities NaN or 0, where the exact solver gives scikit-learn's (0.44 to 0.48).
+    Now the variances' error bound (‖z‖ ‖r‖) is checked and a clear error names the fix
+    (here, on 100 rows); the exact path keeps scikit-learn's answer (to 1e-6)."""
+    X, y = X_BC[:100], Y_BC[:100]
+    kernel = 1e7 * Gaussian(16.89)
+    lazy = GaussianProcessClassifier(kernel, optimizer=None, solver="cg", backend="numpy")
+    with pytest.warns(ConvergenceWarning):
+        lazy.fit(X, y)
+    with pytest.warns(ConvergenceWarning), \
+            pytest.raises(dkern.errors.DkernError,
+                          match=r"latent variances are uncertain.*solver=.exact."):
+        lazy.predict_proba(X[:5])
+    exact = GaussianProcessClassifier(kernel, optimizer=None, solver="exact").fit(X, y)
+    want = SklearnGPC(ConstantKernel(1e7, "fixed") * RBF(16.89, "fixed"),
+                      optimizer=None).fit(X, y).predict_proba(X[:5])
+    assert np.abs(exact.predict_proba(X[:5]) - want).max() <= 1e-6
+
+
 def test_cg_model_on_numpy_rows_outlives_the_cluster_that_fitted_it():
     """pi_ of numpy rows comes to the client (it was persisted on the fitting cluster, so
     predicting under the next Client failed with "lost dependencies")."""

@@ -23,7 +23,7 @@ import numpy as np
 from scipy.special import erf, expit
 
 from ..backends.projections import residual_diag
-from ..errors import ConvergenceWarning
+from ..errors import ConvergenceWarning, DkernError
 from ..kernels import Kernel
 from ..operators import GramOperator, IdentityPlusScaled
 from ..solvers import cg
@@ -48,6 +48,11 @@ NEWTON_TOL = 1e-10
 # σ(x) ≈ Σᵢ cᵢ (1 + erf(λᵢ x)) / 2 (Williams & Barber 1998, appendix A): the λᵢ are theirs;
 # the cᵢ are the least-squares fit at the points below, derived here as scikit-learn documents
 # its own constants, which they reproduce to 3e-10 relative.
+#: The largest error bound of a CG latent variance ``k** − k*ᵀ S B⁻¹ S k*`` accepted: the
+#: sigmoid's probabilities move by a few per cent at a variance error of this size
+#: (1 + 2 λ² v with λ ≈ 0.4), and are NaN once a variance is below about −3.
+VARIANCE_ERROR = 0.1
+
 _ERF_SCALES = np.array([0.41, 0.4, 0.37, 0.44, 0.39])
 _FIT_AT = np.array([0.0, 0.6, 2.0, 3.5, 4.5, np.inf])
 _ERF_WEIGHTS = np.linalg.lstsq((1 + erf(np.outer(_FIT_AT, _ERF_SCALES))) / 2, expit(_FIT_AT),
@@ -159,8 +164,22 @@ def cg_latent(K: GramOperator, K_star: GramOperator, k_diag: np.ndarray, t: da.A
     s = da.sqrt(pi * (1 - pi)).rechunk((K.col_chunks,))
     rhs = s[:, None] * K_star.kernel_blocks().rechunk((K.col_chunks, -1))  # shape: (n, m)
     (rhs,) = dask.persist(rhs)
-    z = cg(IdentityPlusScaled(K, s), rhs, tol=tol, max_iter=cg_max_iter).x
-    mean, quad = dask.compute(K_star.T @ (t - pi), (rhs * z.rechunk(rhs.chunks)).sum(axis=0))
+    solved = cg(IdentityPlusScaled(K, s), rhs, tol=tol, max_iter=cg_max_iter)
+    z = solved.x.rechunk(rhs.chunks)
+    mean, quad, z_norm, rhs_norm = dask.compute(
+        K_star.T @ (t - pi), (rhs * z).sum(axis=0), da.linalg.norm(z, axis=0),
+        da.linalg.norm(rhs, axis=0))
+    # quad's error is zᵀr for the residual r = rhs − B z (B symmetric): at most
+    # ‖z‖ ‖r‖, with ‖r‖ the true relative residual times ‖rhs‖
+    error = z_norm * solved.residuals[-1] * rhs_norm
+    if len(error) and error.max() > VARIANCE_ERROR:
+        raise DkernError(
+            f"GaussianProcessClassifier(solver='cg'): the latent variances are uncertain by up "
+            f"to {error.max():.3g} (k(x*, x*) up to {k_diag.max():.3g}): CG stopped at a "
+            f"relative residual of {solved.residuals[-1].max():.1e} (tol {tol:.1e}), too "
+            "coarse for a kernel of this amplitude, so its probabilities would be wrong (or "
+            "NaN). Use solver='exact' (it factorises B), or a kernel of smaller amplitude."
+        )
     return mean, k_diag - quad
 
 
