@@ -157,6 +157,22 @@ def test_connect_to_a_tls_server_on_a_tcp_address_hints_at_tls():
     assert isinstance(error, NotASchedulerError) and "tls://" in str(error), error
 
 
+def test_a_tls_address_without_tls_settings_says_what_to_pass(monkeypatch):
+    """distributed's own error was a bare TypeError ("TLS expects a `ssl_context` argument
+    ... Instead got None"); now a ValueError names both ways to give the certificates,
+    before any connection is tried. With settings from the environment it goes on (and
+    fails to connect here, as nothing listens)."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"no TLS settings.*security=distributed\.security"
+                                         r"\.Security.*DASK_DISTRIBUTED__COMM__TLS__CA_FILE"):
+        connect("tls://127.0.0.1:1", timeout=5)
+    assert time.monotonic() - start < 2
+    with dask.config.set({"distributed.comm.tls.ca-file": "/nowhere/ca.pem",
+                          "distributed.comm.tls.client.cert": "/nowhere/client.pem"}):
+        with pytest.raises(ConnectionError, match="could not reach"):
+            connect("tls://127.0.0.1:1", timeout=2)
+
+
 def test_connect_to_a_port_out_of_range_fails_at_once():
     """Port 99999 was retried for distributed's whole connect timeout (30 s)."""
     start = time.monotonic()

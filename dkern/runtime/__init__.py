@@ -16,6 +16,7 @@ from typing import Any
 import dask
 from dask.utils import parse_timedelta
 from distributed import Client, LocalCluster
+from distributed.security import Security
 
 from .._closing import settle
 from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
@@ -240,6 +241,8 @@ def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any
     if not address.startswith(_SCHEMES):
         raise ValueError(f"address must be a Dask scheduler address such as "
                          f"'tcp://host:8786'; got {address!r}.")
+    if address.startswith("tls://"):
+        _check_tls_settings(address, kwargs)
     kwargs.setdefault("deserializers", deserializers)
     try:
         # distributed waits without end on a port that is not a scheduler's (probe.py)
@@ -252,6 +255,23 @@ def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any
             f"could not reach the Dask scheduler at {address!r}: {err}. Start it (see "
             f"cluster/README.md) or check the address; with no address (and "
             f"${SCHEDULER_ENV} unset) dkern starts an embedded LocalCluster.") from err
+
+
+def _check_tls_settings(address: str, kwargs: dict[str, Any]) -> None:
+    """Refuse a ``tls://`` address with no client certificate to present: distributed
+    would fail later with a bare "TLS expects a `ssl_context`" TypeError."""
+    security = kwargs.get("security")
+    if security is None:
+        security = Security()  # what distributed's Client takes from the Dask config
+    if getattr(security, "tls_client_cert", None) and getattr(security, "tls_ca_file", None):
+        return
+    raise ValueError(
+        f"{address} is a TLS scheduler, but this client has no TLS settings (a CA file and "
+        "a client certificate): pass security=distributed.security.Security(tls_ca_file=..., "
+        "tls_client_cert=..., tls_client_key=..., require_encryption=True) to "
+        "dkern.connect, or export DASK_DISTRIBUTED__COMM__TLS__CA_FILE, "
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT and ..._CLIENT__KEY (cluster/README.md)."
+    )
 
 
 def _connect_timeout(kwargs: dict[str, Any]) -> float:
