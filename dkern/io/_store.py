@@ -287,11 +287,18 @@ def _check_copy_current(root: zarr.Group, url: str, group: str,
         )
 
 
-def write_pointer_copy(root: zarr.Group, pointer: dict[str, Any], url: str,
-                       group: str) -> None:
-    """Copy a just-published (sealed) pointer to ``.dkern``; see :func:`read_pointer`.
-    Best effort: the publish has happened, so a failure is logged, and an older copy is
-    removed rather than left to stand for a version it does not describe."""
+def publish_pointer(root: zarr.Group, pointer: dict[str, Any], url: str, group: str) -> None:
+    """Publish a sealed pointer: write it into the group's ``zarr.json`` (the one step that
+    makes a version visible), then copy it to ``.dkern`` (:func:`read_pointer`). Call it
+    under the publish lock. Once the first write returns the publish has happened; the
+    copy is best effort (a failure is logged, and an older copy removed rather than left
+    to stand for a version it does not describe)."""
+    root.update_attributes({POINTER_KEY: pointer})
+    _write_pointer_copy(root, pointer, url, group)
+
+
+def _write_pointer_copy(root: zarr.Group, pointer: dict[str, Any], url: str,
+                        group: str) -> None:
     key = "/".join(p for p in (root.path, VERSIONS_DIR, POINTER_COPY) if p)
     data = json.dumps(pointer, sort_keys=True).encode()
     try:

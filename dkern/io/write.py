@@ -48,7 +48,6 @@ from dkern.io._lost import check_pointer_not_lost
 from dkern.io._store import (
     CHUNK_CRCS,
     FORMAT,
-    POINTER_KEY,
     VERSIONS_DIR,
     Url,
     check_no_links,
@@ -59,13 +58,13 @@ from dkern.io._store import (
     open_group,
     plain_members,
     pointer_restored,
+    publish_pointer,
     read_name,
     read_pointer,
     remove_created,
     reserved_name,
     sealed,
     where,
-    write_pointer_copy,
 )
 from dkern.io._visible import show_published
 from dkern.io.maintenance import LOCAL_GRACE_S, collect_orphans, new_folder
@@ -360,9 +359,8 @@ def _write_and_publish(
                 restoring = bool(before) and pointer_restored(root)
                 _check_unchanged(url, group, before.get("arrays", {}), seen)
                 after = sealed(_merged(before, {**kept, **entries}, new_attrs, replace_all))
-                root.update_attributes({POINTER_KEY: after})  # the publish
+                publish_pointer(root, after, url, group)
                 published = True
-                write_pointer_copy(root, after, url, group)
                 aside = _show_quietly(url, group, after, replacing)
                 if not restoring:  # a restored copy's word is not enough to delete by
                     _collect_quietly(url, group, after)
