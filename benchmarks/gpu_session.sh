@@ -9,6 +9,10 @@
 # costs only that step.
 #
 #   bash benchmarks/gpu_session.sh        # in the repo root, with the wheels in .whl/
+#   STEPS="tests scale" bash benchmarks/gpu_session.sh   # only these steps (and the facts)
+#
+# STEPS (default: all of gram, splits, tests, scale) picks the steps after the facts. The
+# 2026-11-27 session measured gram and splits; what it could not is scale (RESULTS.md).
 #
 # .whl/ holds what the machine lacks (dask, distributed, zarr and their needs, pykeops and
 # keopscore), downloaded for its Python as the workplace's device notes describe.
@@ -25,6 +29,8 @@ left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 limit() { local want=$1 have; have=$(( $(left) - ${2:-0} )); have=$(( have < 10 ? 10 : have ))
           echo $(( want < have ? want : have )); }
 step() { echo "=== $(date +%T) (+$(( $(date +%s) - START )) s) $*"; }
+STEPS=${STEPS:-gram splits tests scale}
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -45,24 +51,31 @@ if ! grep -q '"keops": {"available": true' "$OUT/facts.txt"; then
     echo "KeOps did not run without LD_PRELOAD; using LD_PRELOAD=${LD_PRELOAD:-none}"
 fi
 
+wanted gram && {
 step gram
 # best of 3: one launch against the operator is a difference of a few per cent
 timeout "$(limit "${GRAM_S:-150}" 300)" python3 benchmarks/gram.py --gpu --n "${N:-1000000}" \
     --dims 3 --repeats 3 --no-cluster --no-torch-loop --tile-sweep ${SWEEP:-float32} 2>&1 \
     | tee "$OUT/gram.log" | grep -v "^20..-..-.. " | tail -45
 cp benchmarks/RESULTS.md "$OUT/"
+}
 
+wanted splits && {
 step splits
 timeout "$(limit "${SPLITS_S:-60}" 280)" python3 benchmarks/gpu_splits.py 2>&1 \
     | tee "$OUT/splits.log" | grep -v "^20..-..-.. " | tail -20
 cp benchmarks/RESULTS.md "$OUT/"
+}
 
+wanted tests && {
 step triton tests
 # the CPU-interpreter tests, compiled for the GPU instead (the one that checks that the
 # interpreter runs skips itself there); eight processes share the compiling
 TRITON_INTERPRET=0 timeout "$(limit "${TESTS_S:-100}" 200)" python3 -m pytest -q \
     -p no:cacheprovider -n 8 tests/test_triton.py 2>&1 | tee "$OUT/tests.log" | tail -25
+}
 
+wanted scale && {
 step gpu_scale
 SCALE_S=$(limit 400 10)
 [ "$SCALE_S" -ge 60 ] || { echo "gpu_scale skipped: ${SCALE_S} s left"; exit 0; }
@@ -71,4 +84,6 @@ timeout "$SCALE_S" python3 benchmarks/gpu_scale.py --budget $(( SCALE_S - 15 )) 
     --backend ${SCALE_BACKENDS:-triton keops} 2>&1 \
     | tee "$OUT/scale.log" | grep -v "^20..-..-.. " | tail -60
 cp benchmarks/RESULTS.md "$OUT/"
+}
+
 step done
