@@ -274,7 +274,8 @@ def sgpr_statistics_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, y: np.n
     out = torch.zeros((M, M + yt.shape[1]), dtype=torch.float64, device=device)
     for i0 in range(0, len(x), rows):
         A = _matvec_on_device(kernel, x[i0:i0 + rows], z, Wt)  # shape: (rows, M)
-        out += A.T @ torch.cat([A, yt[i0:i0 + rows]], dim=1)
+        out[:, :M] += A.T @ A
+        out[:, M:] += A.T @ yt[i0:i0 + rows]
     out[:, :M] = torch.tril(out[:, :M])  # the host path's contract: the caller mirrors it
     return out.cpu().numpy()
 
