@@ -183,6 +183,20 @@ def test_nan_in_dask_raises_at_compute_naming_rows():
         out.compute()
 
 
+@pytest.mark.parametrize("shape", [(30, 2), (30,)], ids=["rows", "vector"])
+def test_an_empty_chunk_is_checked_as_rows_of_nothing(shape):
+    """A dask array with a 0-row chunk (a filter's result, a rechunk) failed its finite
+    check with "cannot reshape array of size 0 into shape (0,newaxis)"; a NaN after it
+    is still named by its global row."""
+    x = np.arange(np.prod(shape), dtype=float).reshape(shape)
+    chunks = ((10, 0, 20),) + tuple((c,) for c in shape[1:])
+    out = as_rows(da.from_array(x, chunks=chunks), name="X", ndim=len(shape))
+    np.testing.assert_array_equal(out.compute(), x)
+    x[25] = np.nan
+    with pytest.raises(ValueError, match=r"rows \[10, 30\) \(first at row 25\)"):
+        as_rows(da.from_array(x, chunks=chunks), name="X", ndim=len(shape)).compute()
+
+
 def test_inf_in_zarr_raises_at_compute():
     z = zarr.create_array(zarr.storage.MemoryStore(), shape=(30,), chunks=(10,), dtype="f4")
     z[...] = np.arange(30, dtype="f4")

@@ -336,6 +336,21 @@ def test_sgpr_device_blocks_in_row_tiles_equal_numpy():
     assert np.all(got[:, -1] >= 0) and np.all(got[:, -1] <= kernel.diag(X))
 
 
+def test_sgpr_blocks_of_an_empty_chunk_are_zeros_and_empty():
+    """A chunk of 0 rows (dask arrays can have them) sums to nothing in the statistics and
+    predicts nothing, as numpy's blocks do (Triton's failed to reshape y and v)."""
+    kernel, z = Gaussian(1.0), Z[:6]
+    L = np.linalg.cholesky(kernel(z, z) + 1e-6 * np.eye(6))
+    triton_, numpy_ = block_backend("triton"), block_backend("numpy")
+    for y in (np.zeros((0, 1)), np.zeros(0)):
+        got = triton_.sgpr_statistics(X[:0], z, y, L, kernel=kernel, tile=16)
+        assert got.shape == (6, 7) and not got.any()
+    got = triton_.sgpr_predict(X[:0], z, L, np.eye(6), np.ones((6, 1)), kernel=kernel, tile=16)
+    want = numpy_.sgpr_predict(X[:0], z, L, np.eye(6), np.ones((6, 1)), kernel=kernel, tile=16)
+    assert got.shape == want.shape == (0, 2)
+    assert triton_.kernel_matvec(X[:4], Z[:0], np.zeros(0), kernel=kernel).shape == (4, 1)
+
+
 def test_sparse_gp_fit_and_predict_run_through_triton(triton_calls):
     """SGPR statistics (fit), mean and std (predict) from fused products: numpy's."""
     from dkern.models import GaussianProcessRegressor

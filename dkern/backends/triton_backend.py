@@ -207,7 +207,7 @@ def _matvec_on_device(kernel: Kernel, x: np.ndarray, z: np.ndarray, v: Any, *,
 
     dtype = np.result_type(x.dtype, z.dtype, np.float32)
     x, z = x.astype(dtype, copy=False), z.astype(dtype, copy=False)
-    v2 = v.reshape(len(z), -1) if v.ndim == 1 else v
+    v2 = v.reshape(len(z), 1) if v.ndim == 1 else v
     v2 = v2 if torch.is_tensor(v2) else torch.from_numpy(np.array(v2, dtype=dtype))
     torch_dtype = torch.float32 if dtype == np.float32 else torch.float64
     n, m, d = x.shape[0], z.shape[0], x.shape[1]
@@ -270,7 +270,8 @@ def sgpr_statistics_triton(kernel: Kernel, x: np.ndarray, z: np.ndarray, y: np.n
     rows = rows or _whitening_rows(M)
     device = _device()
     Wt = _inverse_lower(L, device).T  # L⁻ᵀ on the device, shape: (M, M)
-    yt = _tensor(np.asarray(y, np.float64).reshape(len(x), -1), device)
+    y = np.asarray(y, np.float64)
+    yt = _tensor(y.reshape(len(x), 1) if y.ndim == 1 else y, device)
     out = torch.zeros((M, M + yt.shape[1]), dtype=torch.float64, device=device)
     for i0 in range(0, len(x), rows):
         A = _matvec_on_device(kernel, x[i0:i0 + rows], z, Wt)  # shape: (rows, M)

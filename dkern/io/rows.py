@@ -194,7 +194,7 @@ def _numpy_rows(
     _check_shape(name, x.shape, allowed)
     x = x.astype(_float_dtype(name, x.dtype, target), copy=False)
     if check_finite:
-        bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+        bad = ~np.isfinite(x).reshape(len(x), _row_size(x)).all(axis=1)
         if bad.any():
             raise ValueError(
                 f"{name} contains NaN or infinity in {int(bad.sum())} rows, the first at "
@@ -251,11 +251,16 @@ def checked_values(x: da.Array, name: str, max_abs: float | None = None) -> da.A
     )
 
 
+def _row_size(a: np.ndarray) -> int:
+    """Values per row of ``a`` (1 for a vector); reshape's ``-1`` cannot infer it for 0 rows."""
+    return int(np.prod(a.shape[1:], dtype=np.int64))
+
+
 def _finite_block(block: np.ndarray, label: str, max_abs: float | None, *,
                   block_info: dict[Any, Any]) -> np.ndarray:
     """Pass ``block`` through; ValueError naming its global rows if any value is not finite
     (or, with ``max_abs``, larger in magnitude)."""
-    rows = block.reshape(len(block), -1)
+    rows = block.reshape(len(block), _row_size(block))  # an empty chunk too
     start, stop = block_info[0]["array-location"][0]
     bad = ~np.isfinite(rows).all(axis=1)
     if bad.any():
