@@ -2,7 +2,9 @@
 that dask's threads enter side by side must leave it as they found it.
 
 The BLAS is a stand-in here (one process-wide count, saved and restored as threadpoolctl's
-limiter does): OpenBLAS builds differ in whether a count set from another thread shows."""
+limiter does): the OpenBLAS of numpy's and scipy's wheels (0.3.30, 0.3.31) ignores a raise
+of the count from any thread while a thread that lowered it lives, which no protocol of the
+lowering threads can get around (see ``single_threaded_blas``)."""
 
 import threading
 

@@ -83,7 +83,11 @@ def single_threaded_blas() -> Iterator[None]:
     that setting by itself would let a thread save the 1 another had set, and restore it
     last: the process's BLAS would stay single-threaded after the pass (the client's
     M × M factorisations then ran on one core). So the first caller in sets the limit and
-    the last one out restores what it found.
+    the last one out restores what it found. One limit remains: OpenBLAS 0.3.30 and 0.3.31
+    (numpy's and scipy's wheels) ignore a raise of the count, from any thread, while a
+    thread that lowered it is alive, so after a pass on dask's threaded scheduler (whose
+    pool threads live on) the calling process's BLAS can stay at one thread. Worker
+    processes, where BLAS has one thread anyway, are not affected.
     """
     global _blas_users, _blas_limiter
     with _BLAS_LOCK:
