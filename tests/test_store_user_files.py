@@ -309,3 +309,27 @@ def test_a_killed_first_writes_complete_folder_is_collected_not_mistaken_for_a_l
     write_array(np.ones(4), url, "X")
     assert not os.path.exists(os.path.join(url, leftover))
     np.testing.assert_array_equal(open_array(url, "X").compute(), np.ones(4))
+
+
+def test_a_concurrent_first_publish_is_not_taken_for_a_lost_pointer(tmp_path, monkeypatch):
+    """Two writers of different names into a new group: writer A publishes (pointer, copy,
+    links) just after writer B looked for a pointer and found none. B then sees A's links:
+    it looks again, finds A's pointer, and writes; both arrays read back."""
+    import zarr
+
+    from dkern.io import _lost
+
+    url = str(tmp_path / "s.zarr")
+    zarr.open_group(url, mode="w")
+    real_sync = _lost.sync
+
+    def writer_a_publishes_now(awaitable):
+        found = real_sync(awaitable)  # B's first look: no copy yet
+        monkeypatch.setattr(_lost, "sync", real_sync)
+        write_array(np.arange(3.0), url, "a")
+        return found
+
+    monkeypatch.setattr(_lost, "sync", writer_a_publishes_now)
+    write_array(np.ones(4), url, "b")
+    np.testing.assert_array_equal(open_array(url, "a").compute(), np.arange(3.0))
+    np.testing.assert_array_equal(open_array(url, "b").compute(), np.ones(4))

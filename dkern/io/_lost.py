@@ -40,17 +40,15 @@ def check_pointer_not_lost(url: str, group: str, root: zarr.Group) -> None:
         There is no pointer, no copy, and links show published versions in ``.dkern``.
     """
     base = local_dir(url, group)
-    if base is None or POINTER_KEY in root.attrs:
-        return
-    prefix = f"{group}/" if group else ""
-    if sync(_store.make_store(url, read_only=True).exists(
-            f"{prefix}{VERSIONS_DIR}/{POINTER_COPY}")):
+    if base is None or _has_pointer(url, group, root):
         return
     with os.scandir(base) as entries:
         linked = sorted({os.readlink(e.path).rpartition("/")[0] for e in entries
                          if is_own_link(e.path, e.name)})
     found = [folder for folder in linked if os.path.isdir(os.path.join(base, folder))]
-    if found:
+    # a writer publishes the pointer, then its copy, then the links: links seen after a
+    # look that found no pointer may be a concurrent first publish's, so look again
+    if found and not _has_pointer(url, group, _store.open_group(url, group, mode="r")):
         raise StoreError(
             f"{where(url, group)}: zarr.json has no dkern pointer and no copy of it, yet "
             f"{VERSIONS_DIR} holds published versions {found}: a dkern older than the copy "
@@ -60,3 +58,12 @@ def check_pointer_not_lost(url: str, group: str, root: zarr.Group) -> None:
             "backup; or read the arrays with zarr (at <version>/<name>) and write them "
             f"anew; or, if they are not needed, delete {VERSIONS_DIR}."
         )
+
+
+def _has_pointer(url: str, group: str, root: zarr.Group) -> bool:
+    """Whether the group has a pointer in ``zarr.json`` or its copy in ``.dkern``."""
+    if POINTER_KEY in root.attrs:
+        return True
+    prefix = f"{group}/" if group else ""
+    return bool(sync(_store.make_store(url, read_only=True).exists(
+        f"{prefix}{VERSIONS_DIR}/{POINTER_COPY}")))
