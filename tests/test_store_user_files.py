@@ -333,3 +333,38 @@ def test_a_concurrent_first_publish_is_not_taken_for_a_lost_pointer(tmp_path, mo
     write_array(np.ones(4), url, "b")
     np.testing.assert_array_equal(open_array(url, "a").compute(), np.arange(3.0))
     np.testing.assert_array_equal(open_array(url, "b").compute(), np.ones(4))
+
+
+def test_a_model_that_lost_its_pointer_is_named_so_by_load(tmp_path):
+    """dkern.load said "is not a dkern model store" of a saved model whose pointer and
+    copy were gone; it now gives the lost-pointer error, as save and check do."""
+    import dkern
+    from dkern.kernels import Gaussian
+    from dkern.models import KernelRidge
+
+    url = str(tmp_path / "m.zarr")
+    X = np.random.default_rng(0).normal(size=(20, 2))
+    dkern.save(KernelRidge(Gaussian(1.0), alpha=1e-2).fit(X, X[:, 0]), url)
+    _old_dkern_store_after_xarray(url)
+    with pytest.raises(StoreError, match="no dkern pointer and no copy"):
+        dkern.load(url)
+
+
+def test_clean_of_the_root_cleans_the_groups_beside_one_that_lost_its_pointer(tmp_path):
+    """The refusal of one sub-group stopped the whole walk: a sibling's leftover stayed.
+    Now every other group is cleaned, and then the refusal is raised, naming the group."""
+    from dkern.io import clean_store
+
+    url = str(tmp_path / "s.zarr")
+    for path in ("r", "a/x", "b/y"):
+        write_array(np.ones(3), url, path)
+    kept = _old_dkern_store_after_xarray(os.path.join(url, "a"))
+    leftover = os.path.join(url, "b", ".dkern", "20200101T000000Z-0123456789abcdef")
+    os.makedirs(leftover)
+    with pytest.raises(StoreError, match=r"\(group 'a'\): zarr.json has no dkern pointer.*"
+                                         r"the other groups were cleaned"):
+        clean_store(url, min_age=0)
+    assert not os.path.exists(leftover)
+    assert sorted(os.listdir(os.path.join(url, "a", ".dkern"))) == kept
+    for path in ("r", "b/y"):
+        np.testing.assert_array_equal(open_array(url, path).compute(), np.ones(3))

@@ -205,6 +205,7 @@ def clean_store(
     """
     url = os.fspath(url)
     removed: list[str] = []
+    refused: list[str] = []
     for path in _groups(url, group.strip("/")):
         age = min_age if min_age is not None else (
             LOCAL_GRACE_S if local_dir(url, path) is not None else REMOTE_GRACE_S)
@@ -213,7 +214,11 @@ def clean_store(
             root = open_group(url, path, mode="r")
             pointer = read_pointer(root, url, path)
             if not pointer:
-                check_pointer_not_lost(url, path, root)
+                try:
+                    check_pointer_not_lost(url, path, root)
+                except StoreError as err:  # the other groups are still cleaned
+                    refused.append(str(err))
+                    continue
             if pointer and pointer_restored(root):  # its copy's word: delete nothing by it
                 logger.warning("%s: not cleaned while its pointer is read from its copy; a "
                                "dkern write to it restores the pointer", where(url, path))
@@ -222,6 +227,9 @@ def clean_store(
                 show_published(url, path, pointer, new_folder())
             removed += collect_orphans(url, path, pointer, min_age=age, deep=True,
                                        dry_run=dry_run)
+    if refused:
+        raise StoreError(" ".join(refused) + f" (the other groups were cleaned: removed "
+                                             f"{removed})")
     return removed
 
 

@@ -110,8 +110,7 @@ def read_attrs(url: Url, group: str = "") -> dict[str, Any]:
     """
     url = os.fspath(url)
     group = group.strip("/")
-    root = open_group(url, group, mode="r")
-    return dict(read_pointer(root, url, group).get("attrs", {}))
+    return dict(_pointer(url, group).get("attrs", {}))
 
 
 #: The fields of a manifest entry that :func:`read_manifest` returns.
@@ -179,7 +178,17 @@ def read_version(url: Url, group: str = "") -> GroupVersion:
     """
     url = os.fspath(url)
     group = group.strip("/")
-    return GroupVersion(url, group, read_pointer(open_group(url, group, mode="r"), url, group))
+    return GroupVersion(url, group, _pointer(url, group))
+
+
+def _pointer(url: str, group: str) -> dict[str, Any]:
+    """The group's pointer; a group whose published versions lost it is refused, saying
+    so, rather than read as one dkern never wrote (``{}``)."""
+    root = open_group(url, group, mode="r")
+    pointer = read_pointer(root, url, group)
+    if not pointer:
+        check_pointer_not_lost(url, group, root)
+    return pointer
 
 
 @dataclass(frozen=True)
