@@ -317,19 +317,19 @@ def test_a_concurrent_first_publish_is_not_taken_for_a_lost_pointer(tmp_path, mo
     it looks again, finds A's pointer, and writes; both arrays read back."""
     import zarr
 
-    from dkern.io import _lost
+    from dkern.io import _store
 
     url = str(tmp_path / "s.zarr")
     zarr.open_group(url, mode="w")
-    real_sync = _lost.sync
+    real_copy = _store._pointer_copy
 
-    def writer_a_publishes_now(awaitable):
-        found = real_sync(awaitable)  # B's first look: no copy yet
-        monkeypatch.setattr(_lost, "sync", real_sync)
+    def writer_a_publishes_now(root, url_, group):
+        found = real_copy(root, url_, group)  # B's first look: no pointer, no copy yet
+        monkeypatch.setattr(_store, "_pointer_copy", real_copy)
         write_array(np.arange(3.0), url, "a")
         return found
 
-    monkeypatch.setattr(_lost, "sync", writer_a_publishes_now)
+    monkeypatch.setattr(_store, "_pointer_copy", writer_a_publishes_now)
     write_array(np.ones(4), url, "b")
     np.testing.assert_array_equal(open_array(url, "a").compute(), np.arange(3.0))
     np.testing.assert_array_equal(open_array(url, "b").compute(), np.ones(4))

@@ -176,7 +176,10 @@ def remove_created(url: str, group: str, created: tuple[list[str], str | None]) 
     writing to ``group``."""
     missing, new = created
     root = find_group(url, group)
-    if root is not None and (read_pointer(root, url, group) or _other_folders(root)):
+    try:
+        if root is not None and (read_pointer(root, url, group) or _other_folders(root)):
+            return
+    except StoreError:  # a pointer that cannot be trusted, or lost: keep everything
         return
     fs, location = filesystem(url)
     for path in reversed(missing):
@@ -210,12 +213,14 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
     ``to_zarr(mode="a")`` replaces them), the copy each publish leaves in ``.dkern``
     (:data:`POINTER_COPY`) stands in, with the same checks and every array it names
     present, and the next publish puts it back (:func:`pointer_restored`): otherwise every
-    published version would look unreferenced, and be collected.
+    published version would look unreferenced, and be collected. With neither, a group
+    whose published versions show (:func:`_check_not_lost`) is refused.
     """
     pointer, source = root.attrs.get(POINTER_KEY), metadata_file(url, group)
     if pointer is None:
         pointer, source = _pointer_copy(root, url, group), copy_file(url, group)
     if pointer is None:
+        _check_not_lost(url, group)
         return {}
     if not isinstance(pointer, dict) or pointer.get("format") != FORMAT:
         found = pointer.get("format") if isinstance(pointer, dict) else type(pointer).__name__
@@ -235,6 +240,52 @@ def read_pointer(root: zarr.Group, url: str, group: str) -> dict[str, Any]:
     if POINTER_KEY not in root.attrs:
         _check_copy_current(root, url, group, pointer)
     return pointer
+
+
+def _check_not_lost(url: str, group: str) -> None:
+    """Raise when a group with neither a pointer nor its copy has published versions: no
+    write, clean or read then goes by its pointer-less state.
+
+    A dkern older than the pointer's copy left only ``zarr.json``'s pointer; another tool
+    rewriting the group's attributes (xarray's ``to_zarr(mode="a")``) then removes it. The
+    group then looks as if dkern never wrote it, and its published versions as leftovers:
+    a write would publish a pointer without them and its collection (or a later one)
+    delete them. What tells a published version from a killed write's folder (complete
+    arrays, never published) is the link dkern places at ``<group>/<name>`` after each
+    publish (:mod:`dkern.io._visible`). Object stores have no links, and stores from
+    before the links none either: there the state cannot be told, and is not checked.
+
+    Raises
+    ------
+    StoreError
+        There is no pointer, no copy, and links show published versions in ``.dkern``.
+    """
+    base = local_dir(url, group)
+    if base is None:
+        return
+    with os.scandir(base) as entries:
+        linked = sorted({os.readlink(e.path).rpartition("/")[0] for e in entries
+                         if is_own_link(e.path, e.name)})
+    found = [folder for folder in linked if os.path.isdir(os.path.join(base, folder))]
+    # a writer publishes the pointer, then its copy, then the links: links seen after a
+    # look that found no pointer may be a concurrent first publish's, so look again
+    if found and not _has_pointer(url, group):
+        raise StoreError(
+            f"{where(url, group)}: zarr.json has no dkern pointer and no copy of it, yet "
+            f"{VERSIONS_DIR} holds published versions {found}: a dkern older than the copy "
+            "wrote this group, and another tool (xarray's to_zarr(mode='a')) has since "
+            "replaced the group's attributes. A write or clean now would leave those arrays "
+            "unreferenced and delete them, so dkern does neither. Restore zarr.json from a "
+            "backup; or read the arrays with zarr (at <version>/<name>) and write them "
+            f"anew; or, if they are not needed, delete {VERSIONS_DIR}."
+        )
+
+
+def _has_pointer(url: str, group: str) -> bool:
+    """Whether the group has, read afresh, a pointer in ``zarr.json`` or its copy."""
+    root = open_group(url, group, mode="r")
+    return POINTER_KEY in root.attrs or read_file(root.store, "/".join(
+        p for p in (root.path, VERSIONS_DIR, POINTER_COPY) if p)) is not None
 
 
 def pointer_restored(root: zarr.Group) -> bool:

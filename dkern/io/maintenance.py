@@ -30,7 +30,6 @@ from zarr.core.sync import sync
 from dkern.errors import StoreError
 from dkern.io import _store
 from dkern.io._lock import publish_lock, unleased
-from dkern.io._lost import check_pointer_not_lost
 from dkern.io._store import (
     FOLDER_NAME,
     LEFTOVER,
@@ -125,8 +124,6 @@ def check_store(url: Url, group: str = "") -> StoreReport:
         try:
             root = open_group(url, path, mode="r")
             pointer = read_pointer(root, url, path)
-            if not pointer:
-                check_pointer_not_lost(url, path, root)
             orphans = _orphans(url, path, pointer, min_age=0.0)
         except StoreError as err:
             report.damage.append(str(err))
@@ -212,13 +209,11 @@ def clean_store(
         # A dry run takes no publish lock: taking it creates the group's .dkern folder.
         with contextlib.nullcontext() if dry_run else publish_lock(url, path):
             root = open_group(url, path, mode="r")
-            pointer = read_pointer(root, url, path)
-            if not pointer:
-                try:
-                    check_pointer_not_lost(url, path, root)
-                except StoreError as err:  # the other groups are still cleaned
-                    refused.append(str(err))
-                    continue
+            try:
+                pointer = read_pointer(root, url, path)
+            except StoreError as err:  # the other groups are still cleaned
+                refused.append(str(err))
+                continue
             if pointer and pointer_restored(root):  # its copy's word: delete nothing by it
                 logger.warning("%s: not cleaned while its pointer is read from its copy; a "
                                "dkern write to it restores the pointer", where(url, path))

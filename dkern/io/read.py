@@ -18,10 +18,8 @@ from dask.base import tokenize
 from zarr.core.sync import sync
 
 from dkern.errors import CorruptChunkError, StoreError
-from dkern.io._lost import check_pointer_not_lost
 from dkern.io._store import (
     CHUNK_CRCS,
-    POINTER_KEY,
     MisplacedChunk,
     MissingChunk,
     StrictChunkStore,
@@ -110,7 +108,8 @@ def read_attrs(url: Url, group: str = "") -> dict[str, Any]:
     """
     url = os.fspath(url)
     group = group.strip("/")
-    return dict(_pointer(url, group).get("attrs", {}))
+    root = open_group(url, group, mode="r")
+    return dict(read_pointer(root, url, group).get("attrs", {}))
 
 
 #: The fields of a manifest entry that :func:`read_manifest` returns.
@@ -178,17 +177,7 @@ def read_version(url: Url, group: str = "") -> GroupVersion:
     """
     url = os.fspath(url)
     group = group.strip("/")
-    return GroupVersion(url, group, _pointer(url, group))
-
-
-def _pointer(url: str, group: str) -> dict[str, Any]:
-    """The group's pointer; a group whose published versions lost it is refused, saying
-    so, rather than read as one dkern never wrote (``{}``)."""
-    root = open_group(url, group, mode="r")
-    pointer = read_pointer(root, url, group)
-    if not pointer:
-        check_pointer_not_lost(url, group, root)
-    return pointer
+    return GroupVersion(url, group, read_pointer(open_group(url, group, mode="r"), url, group))
 
 
 @dataclass(frozen=True)
@@ -319,10 +308,8 @@ def _plain_array(root: zarr.Group, url: str, group: str, name: str) -> zarr.Arra
     base = local_dir(url, group)
     # a link dkern placed for an array its pointer no longer lists (a crash between the
     # publish and the unlinking): that array was dropped
-    own_link = base is not None and is_own_link(os.path.join(base, name), name)
-    if own_link and POINTER_KEY not in root.attrs:  # or the pointer itself is lost
-        check_pointer_not_lost(url, group, root)
-    node = None if own_link else root.get(name)
+    node = None if base is not None and is_own_link(os.path.join(base, name), name) \
+        else root.get(name)
     if not isinstance(node, zarr.Array):
         found = "a group" if node is not None else "nothing"
         raise StoreError(

@@ -44,7 +44,6 @@ from dkern._version import __version__
 from dkern.errors import StoreError
 from dkern.io import _store
 from dkern.io._lock import lease, publish_lock
-from dkern.io._lost import check_pointer_not_lost
 from dkern.io._store import (
     CHUNK_CRCS,
     FORMAT,
@@ -147,8 +146,6 @@ def write_arrays(
     names = _checked_dims(dims, items)
     current = find_group(url, group)
     listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
-    if current is not None and not listed:  # before any data is written, as it is refused
-        check_pointer_not_lost(url, group, current)
     kept = {name: listed[name] for name, x in items
             if _is_stored(url, group, name, x, listed, chunk_rows)}
     sources = {name: _as_source(name, x, chunk_rows) for name, x in items if name not in kept}
@@ -354,8 +351,6 @@ def _write_and_publish(
             with publish_lock(url, group):
                 root = open_group(url, group, mode="a")
                 before = read_pointer(root, url, group)
-                if not before:
-                    check_pointer_not_lost(url, group, root)
                 restoring = bool(before) and pointer_restored(root)
                 _check_unchanged(url, group, before.get("arrays", {}), seen)
                 after = sealed(_merged(before, {**kept, **entries}, new_attrs, replace_all))
