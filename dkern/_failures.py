@@ -9,7 +9,10 @@ on the client, while the graph is built, so the pairwise layers register them he
 computes, turns the ``KilledWorker`` into a :class:`~dkern.errors.WorkerFailureError`
 that names the block and its row ranges, chained from the original; a computation whose
 persisted inputs are gone (a closed client's) becomes a :class:`~dkern.errors.LostDataError`
-that says how to keep a model across clients.
+that says how to keep a model across clients; a task failed by the scheduler's
+``no-workers-timeout`` (every worker gone, none restarted) becomes a
+:class:`~dkern.errors.WorkerFailureError` that says so, instead of distributed's
+``NoWorkerError``.
 
 ``distributed`` is never imported here: without it loaded no ``KilledWorker`` can
 come, so dask's local schedulers pay nothing.
@@ -66,6 +69,8 @@ def worker_failures() -> Iterator[None]:
     except Exception as err:
         if _is_killed_worker(err):
             raise _translated(err) from err
+        if _is_no_worker(err):
+            raise _no_worker(err) from err
         if _is_lost_data(err):
             raise LostDataError(LOST_DATA_HELP.format(err=err)) from err
         raise
@@ -84,6 +89,23 @@ LOST_DATA_HELP = (
 def _is_killed_worker(err: BaseException) -> bool:
     distributed = sys.modules.get("distributed")
     return distributed is not None and isinstance(err, distributed.KilledWorker)
+
+
+def _is_no_worker(err: BaseException) -> bool:
+    scheduler = sys.modules.get("distributed.scheduler")
+    return scheduler is not None and isinstance(err, scheduler.NoWorkerError)
+
+
+def _no_worker(err: Any) -> WorkerFailureError:
+    key = err.task
+    layer = key[0] if isinstance(key, tuple) else str(key)
+    message = (
+        f"the cluster has had no running worker for {err.timeout:g} s (its scheduler's "
+        f"distributed.scheduler.no-workers-timeout), so task {key!r} could not run: its "
+        "workers died and none came back (a worker killed for memory whose nanny could not "
+        "start a new one, or stopped worker processes). The workers' logs say why; start "
+        "the workers again (or dkern.connect() a new cluster) and run again.")
+    return WorkerFailureError(message, key=key, layer=layer)
 
 
 def _is_lost_data(err: BaseException) -> bool:

@@ -93,3 +93,27 @@ def test_poison_block_fails_with_its_rows_not_a_hang(tmp_path):
     assert "killed its worker 2 times" in str(err)
     assert elapsed < 300, f"the poison block took {elapsed:.0f} s to be reported"
     assert not (tmp_path / "pred.zarr").exists() or check_store(url).ok
+
+
+def test_a_cluster_left_without_workers_fails_its_tasks_not_a_hang():
+    """Every worker gone and none coming back: the embedded cluster's tasks fail with a
+    WorkerFailureError naming the cause after the scheduler's no-workers-timeout, which
+    dkern sets to 60 s unless dask's config sets it (here 2 s). On the old code the client
+    waited for ever: a CI run stalled so for 45 minutes when its one worker died."""
+    import dask
+    from distributed.scheduler import NoWorkerError
+
+    with dkern.connect(processes=False, n_workers=1) as client:
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.no_workers_timeout) \
+            == 60
+    with dask.config.set({"distributed.scheduler.no-workers-timeout": "2s"}), \
+            dkern.connect(processes=False, n_workers=1) as client:
+        client.started_cluster.scale(0)
+        while client.scheduler_info()["workers"]:
+            time.sleep(0.05)
+        start = time.monotonic()
+        with pytest.raises(WorkerFailureError, match="no running worker for 2 s") as info, \
+                worker_failures():
+            da.ones((4, 2), chunks=(2, 2)).sum().compute()
+        assert time.monotonic() - start < 30
+    assert isinstance(info.value.__cause__, NoWorkerError)

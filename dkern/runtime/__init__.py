@@ -45,6 +45,13 @@ SCHEDULER_ENV = "DKERN_SCHEDULER_ADDRESS"
 WORKER_MALLOC_ENV = {key.rsplit(".", 1)[1]: str(value) for key, value in worker_config().items()
                      if key.startswith("distributed.nanny.pre-spawn-environ.MALLOC_")}
 
+#: How long the embedded cluster's tasks wait with no worker running before they fail.
+#: Its workers all start before ``connect`` returns and a nanny restarts a worker killed
+#: for memory within seconds, so a minute without any means none will come back; without
+#: it the client waits for ever (distributed's default). A value in dask's config wins.
+NO_WORKERS_TIMEOUT = "60s"
+
+_NO_WORKERS_KEY = "distributed.scheduler.no-workers-timeout"
 _SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
 
 
@@ -60,7 +67,10 @@ def connect(address: str | None = None, *, check_versions: bool = True,
         ``$DKERN_SCHEDULER_ADDRESS`` is used if set, else an embedded
         ``LocalCluster`` starts: one single-threaded worker process per core by default
         (each worker's BLAS uses one core), with the settings of ``WORKER_CONFIG``, the
-        scheduler, workers and dashboard listening on 127.0.0.1 only.
+        scheduler, workers and dashboard listening on 127.0.0.1 only. Its tasks fail with
+        a ``WorkerFailureError`` after ``NO_WORKERS_TIMEOUT`` with no worker running
+        (``distributed.scheduler.no-workers-timeout``, unless dask's config sets it)
+        rather than wait for ever.
     check_versions : bool, default True
         Refuse (``ClusterVersionError``) a cluster whose scheduler or workers run other
         versions of dkern, dask, distributed or numpy than this process.
@@ -190,6 +200,8 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     # Read by each nanny when it is created (and reused if it restarts its worker).
     settings = worker_config()
+    if dask.config.get(_NO_WORKERS_KEY, None) is None:
+        settings[_NO_WORKERS_KEY] = NO_WORKERS_TIMEOUT
     settings[METHOD_KEY] = worker_start_method(user_start_method() or settings[METHOD_KEY])
     with dask.config.set(settings), _spawn_environ(settings):
         if settings[METHOD_KEY] == "forkserver" and kwargs.get("processes", True):
