@@ -40,6 +40,23 @@ def machine() -> str:
             f"{speed_probe():,.0f} M entries/s; {host_rates()}")
 
 
+def gpu_line() -> str:
+    """The GPU, its multiprocessors, driver and CUDA, and which GPU backends work, for a
+    table's machine line (empty facts under Triton's interpreter on the CPU)."""
+    import torch
+
+    import dkern.backends.select as select
+    from dkern.runtime.gpus import gpu_facts
+
+    if not torch.cuda.is_available():
+        return "; no CUDA GPU (a dry run: Triton's interpreter on the CPU)"
+    props = torch.cuda.get_device_properties(0)
+    driver = next((g["driver"] for g in gpu_facts()), "?")
+    return (f"; GPU {props.name} ({props.multi_processor_count} multiprocessors), driver "
+            f"{driver}, CUDA {torch.version.cuda} (torch {torch.__version__}); "
+            f"triton: {select.triton_status().detail}; keops: {select.keops_status().detail}")
+
+
 def speed_probe() -> float:
     """Throughput of the naive float64 loop (n = m = 4,000, d = 8) right now, in M entries/s.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import best_time, machine, markdown_table, update_section  # noqa: E402
+from _results import best_time, gpu_line, machine, markdown_table, update_section  # noqa: E402
 
 from dkern.backends import block_backend, keops_status, triton_backend  # noqa: E402
 from dkern.kernels import Gaussian  # noqa: E402
@@ -65,16 +65,6 @@ def main() -> None:
             f"best of {args.repeats}\n\n{table}\n")
     print(table)
     update_section("gpu-splits", body)
-
-
-def gpu_line() -> str:
-    import torch
-
-    if not torch.cuda.is_available():
-        return "; no CUDA GPU (a dry run under Triton's interpreter)"
-    props = torch.cuda.get_device_properties(0)
-    return (f"; GPU {props.name} ({props.multi_processor_count} multiprocessors), CUDA "
-            f"{torch.version.cuda}, torch {torch.__version__}")
 
 
 if __name__ == "__main__":

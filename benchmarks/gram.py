@@ -35,6 +35,7 @@ from _results import (  # noqa: E402
     FUSED_EXP_FLOPS,
     best_time,
     fused_bound,
+    gpu_line,
     machine,
     markdown_table,
     naive_numpy,
@@ -206,20 +207,6 @@ def use_tiles(best):
     return "; ".join(f"{dtype} {shape}" for dtype, shape in best.items())
 
 
-def gpu_facts():
-    """The GPU, its driver and CUDA, for the table's machine line."""
-    import torch
-
-    import dkern.backends.select as select
-
-    if not torch.cuda.is_available():
-        return "; no CUDA GPU (a dry run: Triton's interpreter on the CPU)"
-    driver = os.popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader").read()
-    return (f"; GPU {torch.cuda.get_device_name()}, driver {driver.strip()}, CUDA "
-            f"{torch.version.cuda} (torch {torch.__version__}); "
-            f"triton: {select.triton_status().detail}; keops: {select.keops_status().detail}")
-
-
 def summarise(n, table, gpu, rates=None):
     """Rows for the markdown table and the headline ratio per (dtype, d); on the CPU
     (``rates`` from :func:`_results.peak_rates`) each rate as a fraction of the bound."""
@@ -303,7 +290,7 @@ def main() -> None:
     where = "GPU" if args.gpu else "CPU"
     body = (f"## Gram matvec throughput, {where} (`benchmarks/gram.py`)\n\n"
             f"n = m = {args.n:,}, Gaussian kernel, t = 1. Machine: {machine()}"
-            f"{gpu_facts() if args.gpu else ''}.{tiles}\n\n"
+            f"{gpu_line() if args.gpu else ''}.{tiles}\n\n"
             + summarise(args.n, table, args.gpu, rates))
     if sweep:
         body += ("\n\n### Triton tile shapes (one fused product, best of one after a warm-up)"

@@ -84,8 +84,9 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     rows = _WRITING_FOR.get()
     if rows is None:
         return dict(arrays), {}
-    present = _group_dataset(url, group, leaving_out=set(arrays))
-    hidden = _hidden_arrays(url, group, present, leaving_out=set(arrays))
+    exists = group_exists(url, group)
+    present = _group_dataset(url, group, exists, leaving_out=set(arrays))
+    hidden = _hidden_arrays(url, group, exists, present, leaving_out=set(arrays))
     ndim = max(a.ndim for a in arrays.values())
     row_dim, with_coordinate = _row_dim(rows, present, base, hidden)
     names = (row_dim, _column_dim(arrays, present, base, row_dim, hidden))[:ndim]
@@ -102,13 +103,13 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     return dict(arrays), dims
 
 
-def _group_dataset(url: Any, group: str, leaving_out: set[str]) -> Any:
+def _group_dataset(url: Any, group: str, exists: bool, leaving_out: set[str]) -> Any:
     """The group as ``xr.open_zarr`` reads it, without the variables in ``leaving_out``
-    (the arrays a write replaces): an empty Dataset for a group not there yet, None for
-    one xarray cannot open."""
+    (the arrays a write replaces): an empty Dataset for a group not there yet (``exists``
+    False), None for one xarray cannot open."""
     import xarray as xr  # present: X was an xarray object
 
-    if not group_exists(url, group):
+    if not exists:
         return xr.Dataset()
     try:
         with warnings.catch_warnings():  # a group without consolidated metadata
@@ -121,11 +122,12 @@ def _group_dataset(url: Any, group: str, leaving_out: set[str]) -> Any:
     return ds.drop_vars([v for v in leaving_out if v in ds.variables])
 
 
-def _hidden_arrays(url: Any, group: str, present: Any, leaving_out: set[str]) -> set[str]:
+def _hidden_arrays(url: Any, group: str, exists: bool, present: Any,
+                   leaving_out: set[str]) -> set[str]:
     """Names of the group's dkern arrays xarray does not see (on a store without links,
     such as an object store, none of them): a coordinate written under one of them would
     replace it, or be refused as taken."""
-    if not group_exists(url, group):
+    if not exists:
         return set()
     seen = set(present.variables) if present is not None else set()
     return set(list_arrays(url, group)) - seen - leaving_out
