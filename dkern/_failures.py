@@ -12,7 +12,8 @@ persisted inputs are gone (a closed client's) becomes a :class:`~dkern.errors.Lo
 that says how to keep a model across clients; a task failed by the scheduler's
 ``no-workers-timeout`` (every worker gone, none restarted) becomes a
 :class:`~dkern.errors.WorkerFailureError` that says so, instead of distributed's
-``NoWorkerError``.
+``NoWorkerError``; one cancelled because the client lost its scheduler becomes a
+:class:`~dkern.errors.SchedulerLostError`.
 
 ``distributed`` is never imported here: without it loaded no ``KilledWorker`` can
 come, so dask's local schedulers pay nothing.
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from .errors import LostDataError, WorkerFailureError
+from .errors import LostDataError, SchedulerLostError, WorkerFailureError
 
 __all__ = ["register_blocks", "worker_failures"]
 
@@ -73,6 +74,8 @@ def worker_failures() -> Iterator[None]:
             raise _no_worker(err) from err
         if _is_lost_data(err):
             raise LostDataError(LOST_DATA_HELP.format(err=err)) from err
+        if _is_scheduler_lost(err):
+            raise SchedulerLostError(SCHEDULER_LOST_HELP.format(err=err)) from err
         raise
 
 
@@ -84,6 +87,29 @@ LOST_DATA_HELP = (
     "client from dkern.connect() gathers them into the model as it closes; under another "
     "client keep it open while using the model, or dkern.save the model there and "
     "dkern.load it under the new client, or fit it again.")
+
+
+#: What a computation cancelled by a lost scheduler tells the user.
+SCHEDULER_LOST_HELP = (
+    "the computation was cancelled: this process's Dask client lost its scheduler (it "
+    "stopped, or the network to it failed) and did not reconnect within "
+    "distributed.comm.timeouts.connect ({err}). Start the cluster again, or "
+    "dkern.connect() to a running one, and run again; a model fitted on the lost cluster "
+    "must be fitted again unless it was dkern.save'd or its client gathered it.")
+
+
+def _is_scheduler_lost(err: BaseException) -> bool:
+    """A future cancelled because its client lost the scheduler: distributed cancels
+    them for "scheduler-connection-lost" as it starts to reconnect, and those still
+    waiting for an "unknown" reason when the client closes after failing to."""
+    client = sys.modules.get("distributed.client")
+    if client is None or not isinstance(
+            err, (client.FutureCancelledError, client.FuturesCancelledError)):
+        return False
+    if "scheduler-connection-lost" in str(err):
+        return True
+    current = client._get_global_client()
+    return current is None or current.status in ("connecting", "closing", "closed")
 
 
 def _is_killed_worker(err: BaseException) -> bool:

@@ -58,6 +58,12 @@ class LostDataError(DkernError):
     ``FutureCancelledError``, "lost dependencies", chained as ``__cause__``)."""
 
 
+class SchedulerLostError(DkernError):
+    """The Dask client lost its scheduler while a computation ran or waited: distributed
+    tried to reconnect for ``distributed.comm.timeouts.connect``, then cancelled the
+    computation (its ``FutureCancelledError`` is chained as ``__cause__``)."""
+
+
 class ConvergenceWarning(_SklearnConvergenceWarning):
     """An iterative solver stopped before reaching its tolerance.
 

@@ -276,3 +276,40 @@ def test_default_chunks_are_sized_from_the_workers_measured_room(tmp_path, recor
         assert all(w["status"] == "running" for w in info.values())
     record_figures("memory_precheck", limit_400mb_task_room_mb=round(budget.budget / 1e6, 1),
                    d512_default_chunk_rows=int(rows), d512_write_s=round(write_s, 2))
+
+
+def test_a_computation_whose_scheduler_died_says_so(tmp_path):
+    """The scheduler killed while the client is open: the next prediction dkern computes
+    (to Zarr) raises SchedulerLostError (distributed's FutureCancelledError chained) once
+    the client's reconnect window (here distributed.comm.timeouts.connect = 3 s) has
+    passed, and publishes nothing. On the old code: distributed's "cancelled for reason:
+    unknown", which says nothing of the cause."""
+    import dask.array as da
+    import numpy as np
+    from _daskproc import Procs
+    from distributed.client import FutureCancelledError, FuturesCancelledError
+
+    from dkern.errors import SchedulerLostError
+
+    procs = Procs(tmp_path, {})
+    try:
+        procs.scheduler("127.0.0.1")
+        procs.worker("w0", "127.0.0.1")
+        with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
+            client = connect(procs.address())
+        try:
+            client.wait_for_workers(1, timeout=60)
+            X = da.from_array(np.random.default_rng(0).normal(size=(400, 2)), chunks=100)
+            model = KernelRidge(Gaussian(1.0), alpha=0.1, backend="numpy").fit(X, X[:, 0])
+            procs.procs[0].kill()
+            procs.procs[0].wait()
+            start = time.monotonic()
+            with pytest.raises(SchedulerLostError, match="lost its scheduler") as info:
+                model.predict(X, out=(str(tmp_path / "pred.zarr"), "pred"))
+            assert time.monotonic() - start < 60
+            assert isinstance(info.value.__cause__, (FutureCancelledError, FuturesCancelledError))
+        finally:
+            client.close(timeout=5)
+    finally:
+        procs.close()
+    assert not (tmp_path / "pred.zarr" / "pred").exists()

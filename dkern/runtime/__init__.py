@@ -33,8 +33,8 @@ from .gpus import GpuLocalCluster, gpu_ids
 from .probe import NotASchedulerError, probe_scheduler
 from .watch import PauseWatch, WorkersPausedWarning
 
-__all__ = ["SCHEDULER_ENV", "WORKER_CONFIG", "WORKER_MALLOC_ENV", "ClusterVersionError",
-           "NotASchedulerError", "WorkersPausedWarning", "connect"]
+__all__ = ["NO_WORKERS_TIMEOUT", "SCHEDULER_ENV", "WORKER_CONFIG", "WORKER_MALLOC_ENV",
+           "ClusterVersionError", "NotASchedulerError", "WorkersPausedWarning", "connect"]
 
 logger = logging.getLogger(__name__)
 
