@@ -330,6 +330,8 @@ def test_groups(url):
         ({"s": np.float64(1.0)}, {}, ValueError, "s is 0-D"),
         ({"X": np.ones(2)}, {"attrs": {"a": np.float32(1)}}, TypeError, r"\.item\(\)"),
         ({"X": np.ones(2)}, {"chunk_rows": -1}, ValueError, "chunk_rows must be a positive int"),
+        ({"X": np.ones(2)}, {"coordinates": {"Y": ["c"]}}, ValueError, r"got \['Y'\]"),
+        ({"X": np.ones(2)}, {"coordinates": {"X": ["a b"]}}, ValueError, "without spaces"),
     ],
 )
 def test_bad_write_touches_nothing(tmp_path, arrays, kwargs, error, match):

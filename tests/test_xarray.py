@@ -311,6 +311,33 @@ def test_gp_mean_and_std_written_as_a_group_open_in_xarray(tmp_path, opened):
     np.testing.assert_allclose(written["std"].values, want_std, rtol=0, atol=1e-12)
 
 
+def test_non_index_coordinates_are_written_as_coordinates(tmp_path, caplog):
+    """X with coordinates along time besides its index (a number, a time, strings): the
+    written predictions carry the numbers and times as xarray coordinates under their own
+    names, equal to X's; a row subset written beside them gets them under names of its own
+    (nothing of the group replaced); strings are left out with a warning naming them. On
+    the old code only the index was written."""
+    url = str(tmp_path / "out.zarr")
+    labelled = xr.DataArray(X, dims=("time", "feature"), coords={
+        "time": TIME, "feature": NAMES, "temperature": ("time", Y * 10),
+        "recorded": ("time", TIME + pd.Timedelta("6h")), "tag": ("time", LABELS)})
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(labelled, _y())
+    with caplog.at_level("WARNING", logger="dkern"):
+        model.predict(labelled, out=(url, "pred"))
+        model.predict(labelled.isel(time=slice(0, N, 2)), out=(url, "half"))
+    back = xr.open_zarr(url, consolidated=False)
+    assert set(back["pred"].coords) == {"time", "temperature", "recorded"}
+    np.testing.assert_array_equal(back["temperature"].values, Y * 10)
+    np.testing.assert_array_equal(back["recorded"].values, (TIME + pd.Timedelta("6h")).values)
+    half = back["half"]
+    (dim,) = half.dims
+    assert dim != "time" and set(half.coords) == {dim, "half_temperature", "half_recorded"}
+    np.testing.assert_array_equal(half["half_temperature"].values, Y[::2] * 10)
+    assert set(back.data_vars) == {"pred", "half"}
+    np.testing.assert_allclose(half.values, model.predict(X[::2]), rtol=0, atol=1e-12)
+    assert "'tag' coordinate" in caplog.text
+
+
 def test_a_dkern_data_store_opens_in_xarray_with_its_rows_aligned(tmp_path):
     from dkern.io import make_regression_store, open_array
 

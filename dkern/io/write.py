@@ -84,6 +84,7 @@ def write_arrays(
     group: str = "",
     replace_all: bool = False,
     dims: Mapping[str, Sequence[str]] | None = None,
+    coordinates: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """Write named arrays and attributes as one new version, published atomically.
 
@@ -116,6 +117,10 @@ def write_arrays(
         Dimension names of some arrays, one per axis (Zarr's ``dimension_names``, which
         xarray reads), e.g. ``{"X": ("sample", "feature"), "y": ("sample",)}``; the
         others get ``<name>_dim_0``, ``<name>_dim_1``, ...
+    coordinates : mapping of str to sequence of str, optional
+        For some arrays written, the names of the group's arrays xarray reads as their
+        coordinates (the CF ``coordinates`` attribute), e.g. ``{"pred": ("lat", "lon")}``
+        where ``lat`` and ``lon`` lie along ``pred``'s dimensions.
 
     Raises
     ------
@@ -144,6 +149,8 @@ def write_arrays(
         check_no_links(url, group, base, [*(group.split("/") if group else []), VERSIONS_DIR])
     new_attrs = _checked_attrs(attrs)
     names = _checked_dims(dims, items)
+    array_attrs = {name: {"coordinates": " ".join(value)}
+                   for name, value in _checked_coordinates(coordinates, items).items()}
     current = find_group(url, group)
     listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
     kept = {name: listed[name] for name, x in items
@@ -165,8 +172,9 @@ def write_arrays(
     try:
         # only plain arrays the overwrite check counted may make room for a link
         replacing = frozenset(n for n, _ in items if n in present)
-        before, after, aside = _write_and_publish(url, group, sources, names, kept, seen,
-                                                  new_attrs, replacing, replace_all=replace_all)
+        before, after, aside = _write_and_publish(url, group, sources, names, array_attrs,
+                                                  kept, seen, new_attrs, replacing,
+                                                  replace_all=replace_all)
     except BaseException:
         if created is not None:  # a failed call leaves no new store or group behind
             with publish_lock(url, group):
@@ -226,6 +234,29 @@ def _checked_dims(dims: Mapping[str, Sequence[str]] | None,
         if not all(isinstance(d, str) and d for d in names) or len(set(names)) < len(names):
             raise ValueError(f"dims[{name!r}] must be distinct non-empty strings, one per "
                              f"axis; got {value!r}.")
+        checked[name] = names
+    return checked
+
+
+def _checked_coordinates(coordinates: Mapping[str, Sequence[str]] | None,
+                         items: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """``coordinates`` as tuples of names, for arrays of this write only."""
+    if coordinates is None:
+        return {}
+    written = {name for name, _ in items}
+    if not isinstance(coordinates, Mapping) or not set(coordinates) <= written:
+        extra = sorted(set(coordinates) - written) if isinstance(coordinates, Mapping) \
+            else coordinates
+        raise ValueError(f"coordinates must map names of the arrays written "
+                         f"({sorted(written)}) to the names of their coordinate arrays; got "
+                         f"{extra!r:.80}.")
+    checked = {}
+    for name, value in coordinates.items():
+        names = (value,) if isinstance(value, str) else tuple(value)
+        if not all(isinstance(c, str) and c and not any(ch.isspace() for ch in c)
+                   for c in names):
+            raise ValueError(f"coordinates[{name!r}] must be array names without spaces "
+                             f"(xarray reads them space-separated); got {value!r}.")
         checked[name] = names
     return checked
 
@@ -338,7 +369,8 @@ def _check_overwrite(url: str, group: str, names: list[str], listed: set[str],
 
 def _write_and_publish(
     url: str, group: str, sources: dict[str, da.Array], dims: dict[str, tuple[str, ...]],
-    kept: dict[str, dict], seen: dict[str, str | None], new_attrs: dict[str, Any],
+    array_attrs: dict[str, dict[str, str]], kept: dict[str, dict],
+    seen: dict[str, str | None], new_attrs: dict[str, Any],
     replacing: frozenset[str], *, replace_all: bool
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Fill a fresh version folder, then publish it; the pointers before and after, and
@@ -347,7 +379,8 @@ def _write_and_publish(
     published = False
     with lease(url, group, folder) if sources else contextlib.nullcontext():
         try:
-            entries = _write_version(url, group, folder, sources, dims) if sources else {}
+            entries = _write_version(url, group, folder, sources, dims, array_attrs) \
+                if sources else {}
             with publish_lock(url, group):
                 root = open_group(url, group, mode="a")
                 before = read_pointer(root, url, group)
@@ -391,8 +424,10 @@ def _merged(before: dict[str, Any], entries: dict[str, dict], new_attrs: dict[st
 
 
 def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Array],
-                   dims: dict[str, tuple[str, ...]]) -> dict:
-    """Create and fill ``<folder>/<name>`` for each source; its manifest entries."""
+                   dims: dict[str, tuple[str, ...]],
+                   array_attrs: dict[str, dict[str, str]]) -> dict:
+    """Create and fill ``<folder>/<name>`` for each source, with its dimension names and
+    attributes; its manifest entries."""
     store = _store.make_store(url, read_only=False)
     prefix = f"{group}/" if group else ""
     targets = {
@@ -408,6 +443,7 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
             # check (plain zarr, xarray) would see for a chunk gone missing: NaN, not 0.
             fill_value=np.nan if x.dtype.kind == "f" else 0,
             dimension_names=dims.get(name, tuple(f"{name}_dim_{i}" for i in range(x.ndim))),
+            attributes=array_attrs.get(name),
             chunk_key_encoding={"name": "default", "separator": "/"},
             config={"write_empty_chunks": True},  # every chunk exists, so absence is damage
         )

@@ -86,9 +86,10 @@ def write_prediction(out: Any, mean: Any, std: Any, overwrite: bool) -> None:
                          "group (nothing was written).")
     arrays = {"mean": mean} if std is None else {"mean": mean, "std": std}
     group = out[1].strip("/")
-    arrays, dims = written_arrays(out[0], group, arrays,
-                                  base=group.rpartition("/")[2] or "prediction")
-    write_arrays(out[0], arrays, group=group, overwrite=overwrite, dims=dims)
+    arrays, dims, coordinates = written_arrays(out[0], group, arrays,
+                                               base=group.rpartition("/")[2] or "prediction")
+    write_arrays(out[0], arrays, group=group, overwrite=overwrite, dims=dims,
+                 coordinates=coordinates)
 
 
 def predictive(posterior: Any, targets: TargetScaling, Xt: Any, return_std: bool, out: Any,

@@ -44,21 +44,27 @@ _STORABLE_KINDS = "biufmM"
 
 
 def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
-                   ) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+                   ) -> tuple[dict[str, Any], dict[str, tuple[str, ...]],
+                              dict[str, tuple[str, ...]]]:
     """The arrays a prediction method writes to the group ``group`` of ``url`` for ``out``,
-    and their dimension names.
+    their dimension names, and the coordinates xarray is to read with them.
 
     When X was not xarray: ``arrays`` as they are, and no names (dkern's defaults). When
     it was, with rows along ``D``, the arrays lie along the dimension xarray pairs them by:
 
     - ``D`` itself when the group (as ``xr.open_zarr`` reads it, the arrays being replaced
-      left out) has no ``D``, and then X's coordinate along ``D`` is written beside them;
+      left out) has no ``D``, and then X's coordinates along ``D`` are written beside them;
     - ``D`` when the group's rows along ``D`` are X's rows: the same coordinate values in
       the same order (or, X having no coordinate there, as many rows, paired by position
       as xarray pairs unlabelled rows);
     - otherwise (a subset or a reordering of the group's rows) a dimension of their own,
       ``<base>_<D>``, with X's coordinate under that name: reusing ``D`` would pair each
       prediction with another row's label, or make the group unopenable for its sizes.
+
+    X's other coordinates along ``D`` are written with its index under their own names, or
+    ``<base>_<name>`` where the group has that name already (nothing of the group is
+    replaced), and marked as the arrays' coordinates. Coordinates of a dtype a store does
+    not hold (strings, objects) are left out, with a warning.
 
     A second axis is ``"output"``, or ``<base>_output`` where the group's ``"output"`` has
     another length.
@@ -77,13 +83,15 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     Returns
     -------
     arrays : dict of str to array
-        ``arrays``, plus X's coordinate under its dimension's name when it is written.
+        ``arrays``, plus X's coordinates when they are written.
     dims : dict of str to tuple of str
         The dimension names of each array.
+    coordinates : dict of str to tuple of str
+        For each of ``arrays``, the names of the non-index coordinates written with it.
     """
     rows = _WRITING_FOR.get()
     if rows is None:
-        return dict(arrays), {}
+        return dict(arrays), {}, {}
     exists = group_exists(url, group)
     present = _group_dataset(url, group, exists, leaving_out=set(arrays))
     hidden = _hidden_arrays(url, group, exists, present, leaving_out=set(arrays))
@@ -91,16 +99,40 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     row_dim, with_coordinate = _row_dim(rows, present, base, hidden)
     names = (row_dim, _column_dim(arrays, present, base, row_dim, hidden))[:ndim]
     dims = {name: names[:a.ndim] for name, a in arrays.items()}
-    if with_coordinate and rows.dim in rows.coords:
-        coordinate = np.asarray(rows.coords[rows.dim].values)
-        if coordinate.dtype.kind in _STORABLE_KINDS:
-            return {**arrays, row_dim: coordinate}, {**dims, row_dim: (row_dim,)}
-        logger.warning("the predictions written to %s lie along %r, without X's %r "
-                       "coordinate: its dtype %s is not one a dkern store holds (numbers, "
-                       "bools and times). Attach it after reading, e.g. "
-                       "pred.assign_coords(%s=X[%r].values).", group or "/", row_dim,
-                       rows.dim, coordinate.dtype, row_dim, rows.dim)
-    return dict(arrays), dims
+    if not with_coordinate:
+        return dict(arrays), dims, {}
+    written = dict(arrays)
+    for name, stored in _coordinate_names(rows, row_dim, present, hidden, set(arrays),
+                                          base).items():
+        coordinate = np.asarray(rows.coords[name].values)
+        if coordinate.dtype.kind not in _STORABLE_KINDS:
+            logger.warning("the predictions written to %s lie along %r, without X's %r "
+                           "coordinate: its dtype %s is not one a dkern store holds "
+                           "(numbers, bools and times). Attach it after reading, e.g. "
+                           "pred.assign_coords(%s=(%r, X[%r].values)).", group or "/",
+                           row_dim, name, coordinate.dtype, stored, row_dim, name)
+            continue
+        written[stored], dims[stored] = coordinate, (row_dim,)
+    others = tuple(n for n in written if n not in arrays and n != row_dim)
+    return written, dims, {name: others for name in arrays} if others else {}
+
+
+def _coordinate_names(rows: LabelledRows, row_dim: str, present: Any, hidden: set[str],
+                      taken: set[str], base: str) -> dict[str, str]:
+    """X's coordinates along its sample dimension and the names they are stored under: the
+    index as ``row_dim``; each other under its own name, or ``<base>_<name>`` (numbered if
+    need be) where that names anything of the group, of this write or a dimension."""
+    stored = {rows.dim: row_dim} if rows.dim in rows.coords else {}
+    used = set(taken) | hidden | {row_dim}
+    for name in sorted(set(rows.coords) - {rows.dim}):
+        candidate, number = name, 0
+        while candidate in used or (present is not None and (
+                candidate in present.variables or candidate in present.sizes)):
+            number += 1
+            candidate = f"{base}_{name}" if number == 1 else f"{base}_{name}_{number - 1}"
+        stored[name] = candidate
+        used.add(candidate)
+    return stored
 
 
 def _group_dataset(url: Any, group: str, exists: bool, leaving_out: set[str]) -> Any:

@@ -418,7 +418,8 @@ def _write_predictions(pred: da.Array, out: Any, overwrite: bool) -> tuple[str, 
         raise TypeError(f"out must be a (url, path) tuple: a str or path-like store and a str "
                         f"array path, e.g. ('preds.zarr', 'pred'); got {out!r}.")
     group, _, name = out[1].strip("/").rpartition("/")
-    arrays, dims = written_arrays(out[0], group, {name: pred}, base=name)
+    arrays, dims, coordinates = written_arrays(out[0], group, {name: pred}, base=name)
     # refuses a taken name before computing
-    write_arrays(out[0], arrays, group=group, overwrite=overwrite, dims=dims)
+    write_arrays(out[0], arrays, group=group, overwrite=overwrite, dims=dims,
+                 coordinates=coordinates)
     return out
