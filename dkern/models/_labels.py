@@ -102,7 +102,8 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     if not with_coordinate:
         return dict(arrays), dims, {}
     written = dict(arrays)
-    for name, stored in _coordinate_names(rows, row_dim, present, hidden, set(arrays),
+    taken = set(arrays).union(*dims.values())  # the columns' dimension too
+    for name, stored in _coordinate_names(rows, row_dim, present, hidden, taken,
                                           base).items():
         coordinate = np.asarray(rows.coords[name].values)
         if coordinate.dtype.kind not in _STORABLE_KINDS:
