@@ -642,6 +642,14 @@ def test_predict_of_a_one_column_gp_checks_y_and_refuses_a_stale_std(capsys, tmp
     (["fit", "--data", "{tmp}/d.zarr", "--x", "X_test", "--y", "y_test", "--solver", "cg",
       "--model", "{tmp}/m.zarr", "--checkpoint", "{tmp}/d.zarr/ck"],
      "--checkpoint '{tmp}/d.zarr/ck' and --data '{tmp}/d.zarr' are the same store or one"),
+    # a file:// URL names the same folder (the fit saved the model, then deleted it)
+    (["fit", "--data", "{tmp}/d.zarr", "--x", "X_test", "--y", "y_test", "--solver", "cg",
+      "--model", "file://{tmp}/ck/m.zarr", "--checkpoint", "{tmp}/ck"],
+     "--checkpoint '{tmp}/ck' and --model 'file://{tmp}/ck/m.zarr' are the same store"),
+    # a model saved in the data store, which `dkern predict` then refused
+    (["fit", "--data", "{tmp}/d.zarr", "--x", "X_test", "--y", "y_test",
+      "--model", "local://{tmp}/d.zarr/m.zarr"],
+     "--data '{tmp}/d.zarr' and --model 'local://{tmp}/d.zarr/m.zarr' are the same store"),
 ])
 def test_stores_that_overlap_are_usage_errors(capsys, tmp_path, command, message):
     """Refused before any work: the fit removes its checkpoint store recursively once the

@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.usage_error(f"--checkpoint {args.checkpoint!r} and {flag} {path!r} are the "
                              "same store or one holds the other; the fit's checkpoints need "
                              "a store of their own, e.g. --checkpoint ckpt.zarr")
+    if overlapping(args.data, args.model):  # `dkern predict` could not use such a model
+        args.usage_error(f"--data {args.data!r} and --model {args.model!r} are the same store "
+                         "or one holds the other, which `dkern predict` refuses (it writes "
+                         "predictions into --data). Save the model in a store of its own, "
+                         "e.g. --model model.zarr")
     for flag, path in (("--model", args.model), ("--checkpoint", args.checkpoint)):
         if path is not None:  # refuse now, not after the fit
             check_creatable(flag, path, args.usage_error)

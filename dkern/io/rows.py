@@ -41,9 +41,18 @@ def is_store_ref(X: Any) -> bool:
 
 def store_location(url: str | os.PathLike[str]) -> str:
     """``url`` in one spelling per store, to tell whether two references name the same one:
-    a local path resolved (symlinks, ``..``), a URL without its trailing slashes."""
+    a local path resolved (symlinks, ``..``), also when spelt as a URL of the local file
+    system (``file://``, ``local://``, which dkern writes to the same folder); another URL
+    without its trailing slashes."""
     text = os.fspath(url)
-    return text.rstrip("/") if "://" in text else os.path.realpath(text)
+    protocol, _, path = text.rpartition("://")
+    if not protocol:
+        return os.path.realpath(text)
+    return os.path.realpath(path) if protocol in _LOCAL_PROTOCOLS else text.rstrip("/")
+
+
+#: fsspec's protocols of the local file system (``make_store`` writes them to that folder).
+_LOCAL_PROTOCOLS = ("file", "local")
 
 
 def path_within(path: str, container: str) -> bool:
