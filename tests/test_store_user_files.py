@@ -368,3 +368,39 @@ def test_clean_of_the_root_cleans_the_groups_beside_one_that_lost_its_pointer(tm
     assert sorted(os.listdir(os.path.join(url, "a", ".dkern"))) == kept
     for path in ("r", "b/y"):
         np.testing.assert_array_equal(open_array(url, path).compute(), np.ones(3))
+
+
+def test_removing_a_checkpoint_keeps_what_else_its_folder_holds(tmp_path):
+    """A checkpoint in a folder that also holds a user's file and store (written while the
+    fit ran): its removal deletes what dkern wrote, keeps the rest and the folder. On the
+    old code the folder went, recursively, with them; a checkpoint alone still goes whole."""
+    from dkern.solvers.checkpoint import Checkpoint
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    Checkpoint(str(ck), 1, {"data": "x"}, "cg").save({"r": np.zeros(4)}, np.zeros(1),
+                                                      {"iteration": 1})
+    (ck / "notes.txt").write_text("mine")
+    write_array(np.arange(3.0), ck / "other.zarr", "z")
+    remove_checkpoint(ck)
+    assert sorted(os.listdir(ck)) == ["notes.txt", "other.zarr"]
+    np.testing.assert_array_equal(open_array(ck / "other.zarr", "z").compute(), np.arange(3.0))
+    alone = tmp_path / "alone"
+    Checkpoint(str(alone), 1, {"data": "x"}, "cg").save({"r": np.zeros(4)}, np.zeros(1),
+                                                         {"iteration": 1})
+    remove_checkpoint(alone)
+    assert not alone.exists()
+
+
+def test_folders_in_the_version_tree_not_named_by_dkern_are_never_collected(tmp_path):
+    """A user's copy of a version folder (``<folder>.bak``) and a folder of notes inside
+    ``.dkern``: later writes collect unused version folders only. On the old code every
+    folder there not named as dkern names them was deleted at the next write."""
+    url = tmp_path / "s.zarr"
+    write_array(np.arange(3.0), url, "x")
+    (version,) = [n for n in os.listdir(url / ".dkern") if n.startswith("20")]
+    shutil.copytree(url / ".dkern" / version, url / ".dkern" / f"{version}.bak", symlinks=True)
+    (url / ".dkern" / "notes").mkdir()
+    write_array(np.arange(4.0), url, "x", overwrite=True)
+    listed = os.listdir(url / ".dkern")
+    assert f"{version}.bak" in listed and "notes" in listed and version not in listed

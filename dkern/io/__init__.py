@@ -8,7 +8,7 @@ The only dkern package that imports zarr. Data flow::
 """
 
 from dkern.io._store import filesystem
-from dkern.io.maintenance import StoreReport, check_store, clean_store
+from dkern.io.maintenance import StoreReport, check_store, clean_store, remove_store
 from dkern.io.read import group_exists, list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
     Rows,
@@ -44,6 +44,7 @@ __all__ = [
     "open_array",
     "read_attrs",
     "read_manifest",
+    "remove_store",
     "write_array",
     "write_arrays",
 ]

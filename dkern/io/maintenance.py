@@ -46,7 +46,7 @@ from dkern.io._store import (
 from dkern.io._visible import show_published
 from dkern.io.read import open_array
 
-__all__ = ["StoreReport", "check_store", "clean_store"]
+__all__ = ["StoreReport", "check_store", "clean_store", "remove_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +254,34 @@ def collect_orphans(
     return removed
 
 
+def remove_store(url: Url) -> None:
+    """Delete the dkern store at ``url``: its pointer, versions and arrays. Anything else in
+    its folder (a user's files, another store) is kept, and then so is the folder.
+
+    Parameters
+    ----------
+    url : str or os.PathLike
+        The store: a local path or any fsspec URL.
+    """
+    url = os.fspath(url)
+    fs, path = _store.filesystem(url)
+    own = {"zarr.json", VERSIONS_DIR, *read_pointer(open_group(url, "", mode="r"), url,
+                                                    "").get("arrays", {})}
+    entries = {entry.rstrip("/").rpartition("/")[2]: entry for entry in fs.ls(path, detail=False)}
+    others = sorted(set(entries) - own)
+    if not others:
+        fs.rm(path, recursive=True)
+        return
+    base = local_dir(url, "")
+    for name in sorted(own & set(entries), key=lambda n: n != "zarr.json"):  # unpublish first
+        if base is not None and os.path.islink(os.path.join(base, name)):
+            os.unlink(os.path.join(base, name))  # a link, never followed
+        else:
+            fs.rm(entries[name], recursive=True)
+    logger.warning("removed the dkern store %r but kept its folder, which holds %s too",
+                   url, others)
+
+
 def _remove(store: Store, url: str, group: str, path: str) -> None:
     """Delete one leftover; a symbolic link is unlinked, never followed (what it points to
     is no part of the store)."""
@@ -285,7 +313,8 @@ def _orphans(
     prefix = f"{group}/" if group else ""
     in_use = {entry["path"].rpartition("/")[0] for entry in pointer.get("arrays", {}).values()}
     listed = [f"{VERSIONS_DIR}/{n}" for n in _list_dir(store, f"{prefix}{VERSIONS_DIR}")]
-    unused = [p for p in listed if not p.rpartition("/")[2].startswith("zarr.")
+    # only folders named as dkern names them: a user's copy (``<folder>.bak``) is theirs
+    unused = [p for p in listed if FOLDER_NAME.fullmatch(p.rpartition("/")[2])
               and p not in in_use]
     partials = [p for p in listed if _is_leftover(p)]
     partials += [n for n in _list_dir(store, group) if _is_leftover(n)]
@@ -331,10 +360,8 @@ def _is_group_dir(store: Store, group: str, name: str) -> bool:
 
 
 def _folder_age(path: str) -> float:
-    """Seconds since the folder's write began; infinite for a name not dkern's."""
+    """Seconds since the version folder's write began (from its name)."""
     match = FOLDER_NAME.fullmatch(path.rpartition("/")[2])
-    if match is None:
-        return float("inf")
     return time.time() - calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ"))
 
 

@@ -37,7 +37,7 @@ import dask.array as da
 import numpy as np
 
 from ..errors import DkernError
-from ..io import filesystem, open_array, read_attrs, write_arrays
+from ..io import filesystem, open_array, read_attrs, remove_store, write_arrays
 from ._checks import integer
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,8 @@ def check_checkpoint_location(url: Any) -> None:
 
 
 def remove_checkpoint(url: Any) -> None:
-    """Delete the checkpoint at ``url`` (nothing if there is none).
+    """Delete the checkpoint at ``url`` (nothing if there is none): what dkern wrote there;
+    anything else in its folder stays, and the folder with it.
 
     Raises
     ------
@@ -171,8 +172,7 @@ def remove_checkpoint(url: Any) -> None:
     """
     url = os.fspath(url)
     if Checkpoint(url, 1, {}, "")._meta() is not None:
-        fs, path = filesystem(url)
-        fs.rm(path, recursive=True)
+        remove_store(url)
         logger.info("removed checkpoint %r", url)
 
 
