@@ -150,9 +150,15 @@ def test_demo_fits_predicts_and_reports(capsys, tmp_path):
     assert report["test_rmse"] < 0.1
     pred, y_test = open_array(store, "pred").compute(), open_array(store, "y_test").compute()
     assert np.sqrt(np.mean((pred - y_test) ** 2)) == pytest.approx(report["test_rmse"], abs=1e-5)
-    code, out, _ = run(capsys, "demo", "--n", "3000", "--n-test", "300", "--d", "3",
-                       "--centers", "100", "--workers", "1", "--json", "--store", store)
-    assert code == 0, "a second demo into the same store replaces its arrays"
+    again = ["demo", "--n", "3000", "--n-test", "300", "--d", "3", "--centers", "100",
+             "--workers", "1", "--json", "--store", store]
+    with pytest.raises(SystemExit) as exc:  # before a cluster starts; nothing replaced
+        cli.main(again)
+    assert exc.value.code == 2 and "already holds ['X', 'X_test', 'pred', 'y', 'y_test'], " \
+        "which the demo writes; pass --overwrite" in capsys.readouterr().err
+    assert open_array(store, "pred").shape == (500,)
+    code, out, _ = run(capsys, *again, "--overwrite")
+    assert code == 0, "a second demo with --overwrite replaces its arrays"
     assert open_array(store, "pred").shape == (300,)
 
 

@@ -495,13 +495,14 @@ def _write_block(block: np.ndarray, z: zarr.Array, block_info: dict[Any, Any]) -
 def _show_quietly(url: str, group: str, pointer: dict[str, Any],
                   replacing: frozenset[str]) -> list[str]:
     # The publish happened: dkern reads the new arrays whatever follows. A failure here
-    # leaves plain readers an older version (or none) under the name; `dkern clean`
+    # leaves plain readers an older version (or none) under the name; `dkern fsck --clean`
     # places the links again.
     try:
         return show_published(url, group, pointer, new_folder(), replacing)
     except Exception:
         logger.warning("could not show the arrays of %s under their names to plain zarr "
-                       "readers; run dkern clean on it", where(url, group), exc_info=True)
+                       "readers; run `dkern fsck --clean` on it (dkern.io.clean_store)",
+                       where(url, group), exc_info=True)
         return []
 
 
