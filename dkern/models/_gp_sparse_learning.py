@@ -16,10 +16,11 @@ from sklearn.utils import check_random_state
 from ..errors import ConvergenceWarning, NotPositiveDefiniteError, caller_stacklevel
 from ..kernels import Kernel
 from ..solvers import EXACT_MAX_N
+from ..solvers.sgpr import total_noise
 from ._gp_optimize import optimize
 from ._validation import as_generator, legacy_seed
 from .posteriors import SparsePosterior
-from .posteriors.sparse import SparseBound, centers, training_data
+from .posteriors.sparse import SGPR_JITTERS, SparseBound, centers, jitter_to_noise, training_data
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,21 @@ def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
     if optimizer is not None and len(kernel.theta) > 0:
         kernel = learned_on_bound(kernel, bound, optimizer, n_restarts,
                                   check_random_state(legacy_seed(random_state)))
-    return SparsePosterior(bound.statistics(kernel), alpha, backend)
+    stats = bound.statistics(kernel)
+    if (ratio := jitter_to_noise(stats, alpha)) > JITTER_TO_NOISE_WARN:
+        warnings.warn(
+            f"solver='nystrom': K(Z, Z) was factored with a jitter of {stats.jitter:g} times "
+            f"k(z, z) (the smallest of {SGPR_JITTERS} with which it factors), {ratio:.3g} "
+            f"times the noise variance {total_noise(stats.kernel, alpha):.3g}. A jitter not "
+            "small next to the noise biases the bound, the posterior and any kernel learned on "
+            "the bound (they miss the exact GP's even with every row a centre). Raise alpha "
+            "(or learn the noise with a White term), use fewer or more spread centres, or "
+            "solver='exact'.", ConvergenceWarning, stacklevel=caller_stacklevel())
+    return SparsePosterior(stats, alpha, backend)
+
+
+#: The ratio of K_uu's jitter to the noise variance above which a sparse fit warns.
+JITTER_TO_NOISE_WARN = 1e-3
 
 
 #: Effective degrees of freedom below which a sparse fit has collapsed: its mean is at most

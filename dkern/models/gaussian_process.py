@@ -102,7 +102,9 @@ class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive
         ``"nystrom"``: the sparse GP of Titsias (2009, "SGPR") on M centres, a
         different, approximate model: one pass over X gives M-sized sums
         (:func:`dkern.solvers.sgpr.sgpr_statistics`), O(n M²) time, O(M²) memory; it
-        equals the exact GP when every training row is a centre. Its hyperparameters
+        equals the exact GP when every training row is a centre and alpha is well above
+        K(Z, Z)'s jitter (at least 1e-10 · k(z, z); a fit warns when the jitter exceeds
+        0.1% of the noise variance, as at scikit-learn's alpha = 1e-10). Its hyperparameters
         are learned on the SGPR bound; when the best of scikit-learn's runs (the
         kernel's own start and the restarts) collapses into the bound's all-noise
         optimum (fewer than 1.5 effective degrees of freedom: constant -> 0 or

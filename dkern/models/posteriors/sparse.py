@@ -53,6 +53,17 @@ SGPR_JITTERS = (1e-10, 1e-8, 1e-6, 1e-4)
 START_SAMPLE = 1_000
 
 
+def jitter_to_noise(stats: SGPRStatistics, alpha: float) -> float:
+    """K_uu's absolute jitter j in ``stats`` over the noise variance s. A jitter raises the
+    bound's trace term tr(K - Q) / (2s) by up to about j / (2s) per row, and moves the
+    posterior as much as noise of that size would: with scikit-learn's default alpha (1e-10)
+    and j = 1e-10 k(z, z) the bound drops by k(z, z) / 2 per row, and a kernel learned on it
+    is the jitter's, not the data's. Jitters much below 1e-10 k(z, z) are no way out: K_uu
+    then factors with condition numbers at which the bound is rounding noise."""
+    prior = float(np.mean(stats.kernel.diag(stats.centers))) - stats.kernel.white_noise()
+    return stats.jitter * max(prior, 0.0) / total_noise(stats.kernel, alpha)
+
+
 class SparsePosterior:
     """Mean, variance, covariance and bound of the SGPR posterior from its M-sized statistics.
 
