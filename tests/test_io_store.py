@@ -331,6 +331,7 @@ def test_groups(url):
         ({"X": np.ones(2)}, {"attrs": {"a": np.float32(1)}}, TypeError, r"\.item\(\)"),
         ({"X": np.ones(2)}, {"chunk_rows": -1}, ValueError, "chunk_rows must be a positive int"),
         ({"X": np.ones(2)}, {"coordinates": {"Y": ["c"]}}, ValueError, r"got \['Y'\]"),
+        ({"é" * 108: np.ones(2)}, {}, ValueError, "at most 214 bytes .UTF-8.*got 216 bytes"),
         ({"X": np.ones(2)}, {"coordinates": {"X": ["a b"]}}, ValueError, "without spaces"),
     ],
 )

@@ -215,7 +215,18 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
                 f"dkern use for their own files; zarr reads '\\' as '/'); got {name!r}. Rename "
                 "the array, or pass group= for nesting."
             )
+        if len(name.encode()) > MAX_NAME_BYTES:
+            raise ValueError(
+                f"array names must be at most {MAX_NAME_BYTES} bytes (UTF-8), so that the "
+                f"temporary '<name>.<32 hex>.partial' beside each fits a file system's 255; "
+                f"got {len(name.encode())} bytes ({name[:40]!r}…). Use a shorter name."
+            )
     return list(arrays.items())
+
+
+#: The longest array name (UTF-8 bytes): the link placed for plain readers is made under
+#: ``<name>.<32 hex>.partial`` first (41 bytes more), and file names stop at 255 bytes.
+MAX_NAME_BYTES = 255 - len(".0123456789abcdef0123456789abcdef.partial")
 
 
 def _checked_dims(dims: Mapping[str, Sequence[str]] | None,
