@@ -223,6 +223,22 @@ def test_a_calibration_of_another_format_is_measured_again(tmp_path, monkeypatch
     assert load_rates() is None
 
 
+@pytest.mark.parametrize("damage", [{"read_bytes_per_s": 0}, {"client_flops": -1.0},
+                                    {"start_seconds": None}, {"entry_seconds": {}},
+                                    {"entry_seconds": {"kernel_matvec": [0, 0]}}])
+def test_a_damaged_calibration_is_measured_again_naming_the_figure(tmp_path, monkeypatch,
+                                                                     caplog, damage):
+    """A figure edited to 0, a negative, null or missing entry costs: measured again with
+    the figure named. On the old code a plan divided by it (ZeroDivisionError) or looked
+    it up (KeyError)."""
+    monkeypatch.setenv("DKERN_CACHE_DIR", str(tmp_path))
+    path = save_rates(FAKE)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **damage}))
+    with caplog.at_level(logging.WARNING, logger="dkern.planner.rates"):
+        assert load_rates() is None
+    assert f"calibration's {next(iter(damage))}" in caplog.text
+
+
 def test_a_calibration_of_other_compiled_blocks_is_measured_again(tmp_path, monkeypatch,
                                                                    caplog):
     """Rates measured with other sources of the fused loop (an upgrade: a faster exp) would

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import platform
 from dataclasses import dataclass, field
@@ -111,7 +112,40 @@ class Rates:
         if missing:
             raise ValueError(f"the calibration lacks {sorted(missing)}; run "
                              "`dkern plan --calibrate`")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        rates = cls(**{k: v for k, v in data.items() if k in names})
+        rates.check()
+        return rates
+
+    def check(self) -> None:
+        """ValueError naming the first figure that is not a usable measurement: a rate that
+        is not a finite number > 0, a time or size that is not one >= 0, or an entry cost
+        ``[a, b]`` missing or not positive at d = 1."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith(("_per_s", "_flops")):
+                ok = _finite(value) and value > 0
+            elif f.name.endswith(("_seconds", "_bytes")) and f.name != "entry_seconds":
+                ok = _finite(value) and value >= 0
+            else:
+                continue
+            if not ok:
+                raise ValueError(f"the calibration's {f.name} is {value!r}, not a usable "
+                                 "measurement; run `dkern plan --calibrate`")
+        for block in ENTRY_BLOCKS:
+            cost = self.entry_seconds.get(block) if isinstance(self.entry_seconds, dict) else None
+            if not (isinstance(cost, list) and len(cost) == 2 and all(map(_finite, cost))
+                    and cost[0] + cost[1] > 0):
+                raise ValueError(f"the calibration's entry_seconds[{block!r}] is {cost!r}, "
+                                 "not [a, b] with a + b > 0; run `dkern plan --calibrate`")
+
+
+#: The block functions whose per-entry cost the calibration holds (``Rates.entry_seconds``).
+ENTRY_BLOCKS = ("kernel_matvec", "normal_matvec", "kernel_block")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def code_digest() -> str:
