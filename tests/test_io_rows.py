@@ -63,6 +63,8 @@ def test_dask_keeps_row_chunks_unless_given():
     assert as_rows(x, name="X").chunks == ((3, 3, 4), (3,))
     assert as_rows(x, name="X", row_chunks=5).chunks == ((5, 5), (3,))
     assert as_rows(x, name="X", check_finite=False) is x
+    gaps = da.ones((10, 3), chunks=((3, 0, 7, 0), (3,)))  # empty chunks go: nothing in them
+    assert as_rows(gaps, name="X").chunks == ((3, 7), (3,))
 
 
 def test_dask_int_is_cast_lazily():

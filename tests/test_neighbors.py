@@ -241,3 +241,47 @@ def test_metric_and_p_are_checked_and_saved(tmp_path, digits):
 def test_sklearn_estimator_checks(estimator, check):
     with dask.config.set(scheduler="synchronous"):
         check(estimator)
+
+
+@pytest.mark.parametrize("scale", [1e-158, 1e-162])
+def test_features_whose_squared_distances_are_subnormal_keep_every_neighbour(scale):
+    """Features near 1e-157 make squared distances subnormal, where rounding is absolute:
+    the relative error bounds dropped neighbours (distance inf, index 2^63 - 1, then an
+    IndexError in predict). Now exact against scipy's cdist, as at ordinary scales."""
+    from scipy.spatial.distance import cdist
+
+    rng = np.random.default_rng(0)
+    X, Q = rng.normal(size=(300, 4)) * scale, rng.normal(size=(30, 4)) * scale
+    model = KNeighborsRegressor(7, backend="numpy").fit(X, np.arange(300.0))
+    dist, idx = model.kneighbors(Q)
+    D = cdist(Q, X)
+    np.testing.assert_array_equal(dist, np.sort(D, axis=1)[:, :7])
+    np.testing.assert_array_equal(np.take_along_axis(D, idx, axis=1), dist)
+    np.testing.assert_allclose(model.predict(Q), np.arange(300.0)[idx].mean(axis=1))
+
+
+def test_dask_rows_with_an_empty_chunk_give_the_same_answers():
+    """Queries chunked (10, 0, 20), training rows (100, 0, 200): kNN, radius neighbours and
+    kernel logistic regression as without the empty chunk. On the old code the block
+    reductions failed on it ("zero-size array to reduction operation maximum", "index 0 is
+    out of bounds", dask's own max over an empty chunk in the Newton step)."""
+    from dkern import KernelLogisticRegression, RadiusNeighborsRegressor
+
+    rng = np.random.default_rng(0)
+    X, Q = rng.normal(size=(300, 4)), rng.normal(size=(30, 4))
+    Xd, Qd = (da.from_array(X, chunks=((100, 0, 200), 4)),
+              da.from_array(Q, chunks=((10, 0, 20), 4)))
+    knn = KNeighborsRegressor(3, backend="numpy").fit(X, X[:, 0])
+    for got, want in zip(dask.compute(*knn.kneighbors(Qd)), knn.kneighbors(Q), strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(knn.predict(Qd).compute(), knn.predict(Q))
+    own = KNeighborsRegressor(3, backend="numpy").fit(Xd, X[:, 0])
+    for got, want in zip(dask.compute(*own.kneighbors()), knn.kneighbors(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    radius = RadiusNeighborsRegressor(1.5, backend="numpy").fit(X, X[:, 0])
+    np.testing.assert_array_equal(radius.predict(Qd), radius.predict(Q))
+    labels = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)
+    np.testing.assert_allclose(
+        KernelLogisticRegression(backend="numpy").fit(Xd, labels).predict_proba(Q),
+        KernelLogisticRegression(backend="numpy").fit(X, labels).predict_proba(Q),
+        rtol=0, atol=1e-12)

@@ -55,6 +55,11 @@ FLOAT32_SAFE = 1e30
 #: centred rows) in units of ε(‖x‖² + ‖z‖² + |threshold|), per feature (rounding in the dot
 #: product grows with d); generous: a larger bound only adds candidates.
 ERROR_PER_FEATURE = 16.0
+#: The error bounds' absolute part: below the smallest normal float64 (2.2e-308) rounding
+#: is absolute (subnormals), so a bound relative to the norms fails where squared distances
+#: are subnormal (features near 1e-157: neighbours were lost as if beyond the k-th); any d
+#: terms' subnormal rounding is far below this, which moves no normal bound.
+SUBNORMAL_MARGIN = float(np.finfo(np.float64).tiny)
 
 
 def neighbors_dtype(k: int) -> np.dtype:
@@ -217,7 +222,7 @@ def sample_bound(x: np.ndarray, sample: np.ndarray, *, k: int) -> np.ndarray:
             upper = (hx + hs) * (1.0 + rel) - 2.0 * (xc @ sc.T)
             upper[np.isnan(upper)] = np.inf  # inf - inf of overflowing squares
             out[i0:i0 + rows, 0] = np.partition(upper, k - 1, axis=1)[:, k - 1]
-    return out * (1 + 1e-12)
+    return out * (1 + 1e-12) + SUBNORMAL_MARGIN
 
 
 def metric_distances(x: np.ndarray, z: np.ndarray, *, metric: str, p: float) -> np.ndarray:
@@ -382,7 +387,8 @@ def _candidates(xa: np.ndarray, zat: np.ndarray, hx: np.ndarray, rel: float,
         threshold[short] = np.partition(upper, k - 1, axis=1)[:, k - 1]
     shifted = xa.copy()
     shifted[:, -2] = 1.0 - rel
-    shifted[:, -1] = (1.0 - rel) * hx - threshold - rel * np.abs(threshold)
+    shifted[:, -1] = ((1.0 - rel) * hx - threshold - rel * np.abs(threshold)
+                      - SUBNORMAL_MARGIN)
     return _true_entries((shifted @ zat) <= 0.0)
 
 

@@ -224,7 +224,11 @@ def _dask_rows(
             f"{name} must be chunked along rows only; axes {split} have "
             f"{[len(X.chunks[ax]) for ax in split]} chunks. Use {name}.rechunk({fix})."
         )
-    return X if row_chunks is None else X.rechunk({0: row_chunks})
+    if row_chunks is not None:
+        return X.rechunk({0: row_chunks})
+    if 0 in X.chunks[0]:  # empty chunks hold nothing; some block reductions fail on them
+        return X.rechunk({0: tuple(c for c in X.chunks[0] if c)})
+    return X
 
 
 def _stored_rows(
