@@ -63,10 +63,15 @@ class Data:
         object.__setattr__(self, "chunk_rows", max(1, min(self.chunk_rows, self.n)))
 
     @property
-    def chunks(self) -> list[int]:
-        """Rows of each chunk: full chunks, then the remainder."""
+    def chunks(self) -> list[tuple[int, int]]:
+        """``(rows, count)`` of the chunks: the full ones, then the remainder. Grouped, so
+        a plan costs the same at 10^9 rows in chunks of one row as at 10^5."""
         full, rest = divmod(self.n, self.chunk_rows)
-        return [self.chunk_rows] * full + ([rest] if rest else [])
+        return [(self.chunk_rows, full)] * bool(full) + [(rest, 1)] * bool(rest)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.n // self.chunk_rows)
 
     @property
     def nbytes(self) -> int:
@@ -75,7 +80,7 @@ class Data:
 
     def chunks_per_worker(self, cluster: Cluster) -> int:
         """Chunks on the busiest worker when they are spread evenly (whole chunks)."""
-        return math.ceil(len(self.chunks) / cluster.workers)
+        return math.ceil(self.n_chunks / cluster.workers)
 
 
 @dataclass(frozen=True)
@@ -132,19 +137,25 @@ class Plan:
         }
 
 
-def makespan(task_seconds: list[float], slots: int) -> float:
-    """Wall time of tasks run on ``slots`` workers threads, each task to the first free
-    slot in order (dask's scheduler with equal-sized chunks does no better or worse)."""
-    free = [0.0] * max(1, min(slots, len(task_seconds)))
-    for seconds in task_seconds:
-        heapq.heappush(free, heapq.heappop(free) + seconds)
+def makespan(tasks: list[tuple[float, int]], slots: int) -> float:
+    """Wall time of tasks, ``(seconds, count)`` groups in order, run on ``slots`` worker
+    threads, each task to the first free slot (dask's scheduler with equal-sized chunks does
+    no better or worse); a group's whole rounds of one task per slot are placed at once."""
+    free = [0.0] * max(1, min(slots, sum(count for _, count in tasks)))
+    for seconds, count in tasks:
+        rounds, rest = divmod(count, len(free))
+        if rounds:
+            free = sorted(f + rounds * seconds for f in free)
+        for _ in range(rest):
+            heapq.heappush(free, heapq.heappop(free) + seconds)
     return max(free, default=0.0)
 
 
-def pass_seconds(task_seconds: list[float], cluster: Cluster, rates: Rates) -> float:
-    """One pass: the tasks' makespan, one round trip, and the scheduler's time per task."""
-    return (makespan(task_seconds, cluster.slots) + rates.round_trip_seconds
-            + len(task_seconds) * rates.task_seconds)
+def pass_seconds(tasks: list[tuple[float, int]], cluster: Cluster, rates: Rates) -> float:
+    """One pass of ``(seconds, count)`` task groups: their makespan, one round trip, and the
+    scheduler's time per task."""
+    return (makespan(tasks, cluster.slots) + rates.round_trip_seconds
+            + sum(count for _, count in tasks) * rates.task_seconds)
 
 
 def row_pass(name: str, data: Data, cluster: Cluster, rates: Rates, per_row: float, *,
@@ -153,7 +164,7 @@ def row_pass(name: str, data: Data, cluster: Cluster, rates: Rates, per_row: flo
     """``count`` passes of one task per row chunk costing ``per_row`` seconds a row, plus
     the chunk's read from the store when ``read`` (X not persisted on the workers)."""
     read_row = data.d * data.itemsize / rates.read_bytes_per_s if read else 0.0
-    seconds = pass_seconds([rows * (per_row + read_row) for rows in data.chunks],
+    seconds = pass_seconds([(rows * (per_row + read_row), count) for rows, count in data.chunks],
                            cluster, rates)
     stored = data.n * data.d * data.itemsize if read else 0
     return Phase(name, count * seconds, count, count * data.n * entries_per_row,

@@ -159,7 +159,7 @@ def cg_phases(data: Data, iterations: int, rank: int, cluster: Cluster,
                       count=steps, note=f"RPCholesky: {steps} steps of {block} pivots")
     pivots = _with_client(pivots, 2 * steps * rates.round_trip_seconds)
     per_entry = rates.per_entry("kernel_matvec", data.d)
-    pair = [a * b * per_entry for a in data.chunks for b in data.chunks]
+    pair = [(a * b * per_entry, m * k) for a, m in data.chunks for b, k in data.chunks]
     matvec = pass_seconds(pair, cluster, rates) + rates.round_trip_seconds
     refreshes = 1 + (iterations - 1) // REFRESH_EVERY
     square = float(data.n) ** 2
