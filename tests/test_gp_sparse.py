@@ -171,6 +171,17 @@ def test_bad_parameters_are_named(params, match):
         our_gp(optimizer=None, **params).fit(X_TRAIN[:50], Y_TRAIN[:50])
 
 
+def test_a_white_only_kernel_is_refused_naming_the_cause():
+    """It has no signal for the centres: the message said to raise a jitter the estimator
+    does not take, or (learning) that every factorisation failed."""
+    from dkern.kernels import White
+
+    for optimizer in (None, "fmin_l_bfgs_b"):
+        with pytest.raises(ValueError, match="White noise only: solver='nystrom' has no"):
+            GaussianProcessRegressor(White(0.5), alpha=0.05, solver="nystrom", n_centers=20,
+                                     optimizer=optimizer).fit(X_TRAIN[:50], Y_TRAIN[:50])
+
+
 # --------------------------------------------------- acceptance point 5 on a small store
 SIGMA = 0.1  # the store's noise standard deviation
 

@@ -278,6 +278,16 @@ def test_alpha_must_be_positive_for_iterative_solvers(solver, alpha):
         KernelRidge(alpha=alpha, solver=solver).fit(X_SMALL, Y_SMALL)
 
 
+@pytest.mark.parametrize("solver", ["exact", "cg", "nystrom"])
+def test_a_per_target_alpha_is_refused_saying_so(solver):
+    """scikit-learn takes alpha of shape (n_targets,); dkern one number, and says so (the
+    message said only 'a finite number')."""
+    y = np.c_[Y_SMALL, 2 * Y_SMALL]
+    with pytest.raises(ValueError, match=r"alpha must be one number .*shape \(2,\)"
+                                         r".*fit one model per target column"):
+        KernelRidge(alpha=np.array([0.1, 1.0]), solver=solver).fit(X_SMALL, y)
+
+
 def test_alpha_zero_allowed_for_exact_negative_refused():
     KernelRidge(Laplacian(1.0), alpha=0.0, solver="exact").fit(X_SMALL, Y_SMALL)
     with pytest.raises(ValueError, match=r"alpha must be a finite number >= 0"):

@@ -35,6 +35,10 @@ def learned_sparse_posterior(kernel: Kernel, X: Any, y: Any, alpha: float, *,
     F (if ``optimizer``; each evaluation two passes over X, the centres fixed; the starts
     are :func:`learned_on_bound`'s), and the posterior of its statistics (the optimizer's
     last pass, when it ended there); the passes' blocks computed by ``backend``."""
+    if kernel.without_white() is None:
+        raise ValueError(f"the kernel {kernel!r} is White noise only: solver='nystrom' has no "
+                         "signal to carry on its centres. Use solver='exact', or add a signal "
+                         "term (e.g. 1.0 * RBF(1.0) + WhiteKernel()).")
     Xd, Yd = training_data(X, y)  # numpy X is sent to the cluster once
     Z = centers(Xd, n_centers, as_generator(random_state))
     bound = SparseBound(Xd, Yd, Z, alpha, backend=backend)

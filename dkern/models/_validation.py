@@ -181,6 +181,12 @@ def check_alpha(alpha: Any, solver: str, *,
     """``alpha`` as a float: > 0 for the iterative solvers, >= 0 for exact (as scikit-learn).
 
     ``role`` says in the message what alpha is to this estimator."""
+    if np.ndim(alpha) > 0:
+        raise ValueError(
+            f"alpha must be one number ({role}); got an array of shape {np.shape(alpha)}. "
+            "scikit-learn's per-target (KernelRidge) and per-sample (GaussianProcessRegressor) "
+            "alpha arrays are not supported; for per-target penalties fit one model per "
+            "target column.")
     value = finite_number(alpha)
     if value is None or value < 0 or (value == 0 and solver != "exact"):
         bound = ">= 0" if solver == "exact" else "> 0"

@@ -204,8 +204,15 @@ class SparseBound:
                 return self._last
             except NotPositiveDefiniteError:
                 logger.debug("SGPR: K_uu does not factor with jitter %g; trying more", jitter)
-        self._last = sgpr_statistics(kernel, self.X, self.y, self.Z, jitter=SGPR_JITTERS[-1],
-                                     backend=self.backend)
+        try:
+            self._last = sgpr_statistics(kernel, self.X, self.y, self.Z,
+                                         jitter=SGPR_JITTERS[-1], backend=self.backend)
+        except NotPositiveDefiniteError:
+            raise NotPositiveDefiniteError(
+                f"k(Z, Z) of {kernel!r} on the {len(self.Z)} centres does not factor even "
+                f"with a jitter of {SGPR_JITTERS[-1]:g} × k(z, z): the kernel is not "
+                "positive semi-definite there. Use a positive semi-definite kernel, or "
+                "solver='exact' or 'cg'.") from None
         return self._last
 
     def __call__(self, kernel: Kernel, eval_gradient: bool) -> tuple[float, np.ndarray]:
