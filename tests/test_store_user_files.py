@@ -404,3 +404,27 @@ def test_folders_in_the_version_tree_not_named_by_dkern_are_never_collected(tmp_
     write_array(np.arange(4.0), url, "x", overwrite=True)
     listed = os.listdir(url / ".dkern")
     assert f"{version}.bak" in listed and "notes" in listed and version not in listed
+
+
+@pytest.mark.parametrize("group", ["", "models/m"])
+def test_a_zarr_v2_store_is_never_hidden_under_a_v3_group(tmp_path, group):
+    """A Zarr v2 dataset (xarray's to_zarr(zarr_format=2)): writing or saving into it, or
+    into a group below it, is refused naming it; its files stay as they were. On the old
+    code dkern's zarr.json was laid over it and xarray then showed only dkern's arrays."""
+    import zarr
+
+    import dkern
+    from dkern.models import KernelDensity
+
+    url = tmp_path / "v2.zarr"
+    root = zarr.open_group(str(url), mode="w", zarr_format=2)
+    root.create_array("temperature", shape=(5,), dtype="f8")[:] = np.arange(5.0)
+    before = sorted(os.listdir(url))
+    with pytest.raises(StoreError, match=r"holds a Zarr v2 group \(\.zgroup\).*zarr_format=3"):
+        write_arrays(url, {"x": np.ones(3)}, group=group)
+    if not group:
+        with pytest.raises(StoreError, match="holds a Zarr v2 group"):
+            dkern.save(KernelDensity().fit(np.ones((5, 2))), url)
+    assert sorted(os.listdir(url)) == before
+    np.testing.assert_array_equal(zarr.open_group(str(url), mode="r")["temperature"][:],
+                                  np.arange(5.0))

@@ -7,7 +7,7 @@ The only dkern package that imports zarr. Data flow::
     store  --check_store / clean_store-->  damage report / leftovers reclaimed
 """
 
-from dkern.io._store import filesystem
+from dkern.io._store import check_not_zarr_v2, filesystem
 from dkern.io.maintenance import StoreReport, check_store, clean_store, remove_store
 from dkern.io.read import group_exists, list_arrays, open_array, read_attrs, read_manifest
 from dkern.io.rows import (
@@ -30,6 +30,7 @@ __all__ = [
     "StoreReport",
     "as_rows",
     "checked_values",
+    "check_not_zarr_v2",
     "check_store",
     "clean_store",
     "default_row_chunk",

@@ -114,6 +114,38 @@ def find_group(url: str, group: str) -> zarr.Group | None:
         return None
 
 
+def check_not_zarr_v2(url: str, group: str) -> None:
+    """StoreError when the group's place, or a group above it, holds a Zarr v2 group or
+    array (``.zgroup``, ``.zarray``) and no v3 one: dkern's ``zarr.json`` there would hide
+    it from zarr and xarray, which read v3 first."""
+    try:
+        found = _zarr_v2_node(make_store(url, read_only=True), group)
+    except FileNotFoundError:  # no store yet
+        return
+    if found is not None:
+        path, name = found
+        raise StoreError(
+            f"{where(url, path)} holds a Zarr v2 {'group' if name == '.zgroup' else 'array'} "
+            f"({name}); dkern writes Zarr v3, whose zarr.json there would hide it from zarr "
+            "and xarray. Write to another path, or convert the store to Zarr v3 first "
+            "(xarray: xr.open_zarr(old).to_zarr(new, zarr_format=3)).")
+
+
+def _zarr_v2_node(store: Store, group: str) -> tuple[str, str] | None:
+    """``(path, metadata file)`` of the first Zarr v2 node without a v3 one at the group
+    or above it; None if there is none."""
+    parts = group.split("/") if group else []
+    for depth in range(len(parts) + 1):
+        path = "/".join(parts[:depth])
+        prefix = f"{path}/" if path else ""
+        if read_file(store, f"{prefix}zarr.json") is not None:
+            continue
+        for name in (".zgroup", ".zarray"):
+            if read_file(store, prefix + name) is not None:
+                return path, name
+    return None
+
+
 def _open(url: str, group: str, mode: Literal["r", "a"]) -> zarr.Group:
     store = make_store(url, read_only=mode == "r")
     try:

@@ -50,6 +50,7 @@ from dkern.io._store import (
     VERSIONS_DIR,
     Url,
     check_no_links,
+    check_not_zarr_v2,
     file_digest,
     find_group,
     local_dir,
@@ -152,6 +153,8 @@ def write_arrays(
     array_attrs = {name: {"coordinates": " ".join(value)}
                    for name, value in _checked_coordinates(coordinates, items).items()}
     current = find_group(url, group)
+    if current is None:
+        check_not_zarr_v2(url, group)
     listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
     kept = {name: listed[name] for name, x in items
             if _is_stored(url, group, name, x, listed, chunk_rows)}

@@ -55,7 +55,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._version import __version__
 from ..errors import DkernError, StoreError
-from ..io import group_exists, read_attrs, write_arrays
+from ..io import check_not_zarr_v2, group_exists, read_attrs, write_arrays
 from ..io.read import GroupVersion, read_version
 from ..kernels import Kernel, from_repr, from_sklearn
 from ._file_checks import MODEL_FORMAT, checked_model_file
@@ -281,6 +281,8 @@ def check_can_save(url: str | os.PathLike[str], *, overwrite: bool = False) -> N
     """
     url = os.fspath(url)
     found = _existing_attrs(url)
+    if not found:
+        check_not_zarr_v2(url, "")
     present = existing_arrays(url)
     model_arrays = found.get("arrays") if "dkern_model" in found else []
     data = sorted(set(present) - set(model_arrays if isinstance(model_arrays, list) else []))
