@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dask.array as da
@@ -235,42 +235,37 @@ MAX_NAME_BYTES = 255 - len(".0123456789abcdef0123456789abcdef.partial")
 def _checked_dims(dims: Mapping[str, Sequence[str]] | None,
                   items: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
     """``dims`` as tuples of names, for arrays of this write only."""
-    if dims is None:
-        return {}
-    written = {name for name, _ in items}
-    if not isinstance(dims, Mapping) or not set(dims) <= written:
-        extra = sorted(set(dims) - written) if isinstance(dims, Mapping) else dims
-        raise ValueError(f"dims must map names of the arrays written ({sorted(written)}) to "
-                         f"their dimension names; got {extra!r:.80}.")
-    checked = {}
-    for name, value in dims.items():
-        names = (value,) if isinstance(value, str) else tuple(value)
-        if not all(isinstance(d, str) and d for d in names) or len(set(names)) < len(names):
-            raise ValueError(f"dims[{name!r}] must be distinct non-empty strings, one per "
-                             f"axis; got {value!r}.")
-        checked[name] = names
-    return checked
+    return _names_per_array(dims, items, "dims", "their dimension names",
+                            lambda names: len(set(names)) == len(names),
+                            "distinct non-empty strings, one per axis")
 
 
 def _checked_coordinates(coordinates: Mapping[str, Sequence[str]] | None,
                          items: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
     """``coordinates`` as tuples of names, for arrays of this write only."""
-    if coordinates is None:
+    return _names_per_array(coordinates, items, "coordinates",
+                            "the names of their coordinate arrays",
+                            lambda names: not any(ch.isspace() for n in names for ch in n),
+                            "array names without spaces (xarray reads them space-separated)")
+
+
+def _names_per_array(mapping: Mapping[str, Sequence[str]] | None, items: list[tuple[str, Any]],
+                     option: str, meaning: str, valid: Callable[[tuple[str, ...]], bool],
+                     rule: str) -> dict[str, tuple[str, ...]]:
+    """``mapping`` (the option ``option``) of arrays of this write to tuples of non-empty
+    names that pass ``valid``; ValueError naming ``meaning`` or ``rule`` otherwise."""
+    if mapping is None:
         return {}
     written = {name for name, _ in items}
-    if not isinstance(coordinates, Mapping) or not set(coordinates) <= written:
-        extra = sorted(set(coordinates) - written) if isinstance(coordinates, Mapping) \
-            else coordinates
-        raise ValueError(f"coordinates must map names of the arrays written "
-                         f"({sorted(written)}) to the names of their coordinate arrays; got "
-                         f"{extra!r:.80}.")
+    if not isinstance(mapping, Mapping) or not set(mapping) <= written:
+        extra = sorted(set(mapping) - written) if isinstance(mapping, Mapping) else mapping
+        raise ValueError(f"{option} must map names of the arrays written ({sorted(written)}) "
+                         f"to {meaning}; got {extra!r:.80}.")
     checked = {}
-    for name, value in coordinates.items():
+    for name, value in mapping.items():
         names = (value,) if isinstance(value, str) else tuple(value)
-        if not all(isinstance(c, str) and c and not any(ch.isspace() for ch in c)
-                   for c in names):
-            raise ValueError(f"coordinates[{name!r}] must be array names without spaces "
-                             f"(xarray reads them space-separated); got {value!r}.")
+        if not (all(isinstance(n, str) and n for n in names) and valid(names)):
+            raise ValueError(f"{option}[{name!r}] must be {rule}; got {value!r}.")
         checked[name] = names
     return checked
 
