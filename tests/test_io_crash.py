@@ -15,7 +15,15 @@ import pytest
 import zarr
 from zarr.storage import WrapperStore
 
-from dkern.io import _store, check_store, clean_store, list_arrays, open_array, write_arrays
+from dkern.io import (
+    _store,
+    check_store,
+    clean_store,
+    list_arrays,
+    open_array,
+    write_array,
+    write_arrays,
+)
 
 
 class SimulatedCrash(RuntimeError):
@@ -199,3 +207,29 @@ def test_sigkill_at_random_moments_never_blocks_later_writes(tmp_path):
         assert check_store(url).ok
     clean_store(url, min_age=0)
     assert check_store(url).orphans == []
+
+
+def test_a_failed_write_s_late_chunks_leave_no_new_store_behind(tmp_path):
+    """Chunk 0 fails while the other chunks are still being computed on dask's threads:
+    dask raises at once, the clean-up removes the new store, and the late chunks, finding
+    their array's metadata gone, are not written. On the old code they created the version
+    folder again: a new store with chunks and no metadata stayed behind."""
+    import time
+
+    import dask
+    import dask.array as da
+
+    def block(b, block_info=None):
+        if block_info[0]["chunk-location"][0] == 0:
+            time.sleep(0.2)
+            raise RuntimeError("chunk 0 fails")
+        time.sleep(2.0)  # the clean-up's time, on a loaded host too
+        return b
+
+    x = da.map_blocks(block, da.ones(12, chunks=3), dtype=float)
+    url = tmp_path / "new.zarr"
+    with dask.config.set(scheduler="threads", num_workers=4), \
+            pytest.raises(RuntimeError, match="chunk 0 fails"):
+        write_array(x, url, "g/x")
+    time.sleep(3.0)  # the late chunks have run
+    assert not url.exists()

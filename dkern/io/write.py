@@ -491,6 +491,14 @@ def _write_block(block: np.ndarray, z: zarr.Array, block_info: dict[Any, Any]) -
     """Write one chunk; return the crc32c the codec appended to its bytes (it covers the
     compressed payload, so it identifies the chunk's contents at no extra hashing cost)."""
     location = block_info[0]
+    # dask raises a failed write's first error while its other tasks still run; the
+    # clean-up then removes the version folder, which a late chunk would create again
+    # (a new store left behind with chunks and no metadata): a chunk whose array's metadata
+    # is gone is not written
+    if not sync(z.store.exists(f"{z.path}/zarr.json")):
+        raise StoreError(f"the array {z.path!r} was removed before its chunk "
+                         f"{tuple(location['chunk-location'])} was written: this write had "
+                         "failed and was cleaned up, or the store was cleaned with min_age=0")
     z[tuple(slice(lo, hi) for lo, hi in location["array-location"])] = block
     key = f"{z.path}/{z.metadata.encode_chunk_key(tuple(location['chunk-location']))}"
     tail = sync(z.store.get(key, prototype=default_buffer_prototype(),
