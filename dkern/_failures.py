@@ -119,19 +119,35 @@ def _is_killed_worker(err: BaseException) -> bool:
 
 def _is_no_worker(err: BaseException) -> bool:
     scheduler = sys.modules.get("distributed.scheduler")
-    return scheduler is not None and isinstance(err, scheduler.NoWorkerError)
+    # NoValidWorkerError: as distributed fails a task whose only workers are paused
+    return scheduler is not None and isinstance(err, (scheduler.NoWorkerError,
+                                                      scheduler.NoValidWorkerError))
 
 
 def _no_worker(err: Any) -> WorkerFailureError:
     key = err.task
     layer = key[0] if isinstance(key, tuple) else str(key)
+    paused = _paused_workers()
+    why = (f"its {paused} worker(s) stayed paused for memory (see the WorkersPausedWarning: "
+           "give them more memory or use smaller chunks)" if paused else
+           "its workers died and none came back (a worker killed for memory whose nanny could "
+           "not start a new one, or stopped worker processes; their logs say why: start the "
+           "workers again, or dkern.connect() a new cluster)")
     message = (
         f"the cluster has had no running worker for {err.timeout:g} s (its scheduler's "
-        f"distributed.scheduler.no-workers-timeout), so task {key!r} could not run: its "
-        "workers died and none came back (a worker killed for memory whose nanny could not "
-        "start a new one, or stopped worker processes). The workers' logs say why; start "
-        "the workers again (or dkern.connect() a new cluster) and run again.")
+        f"distributed.scheduler.no-workers-timeout), so task {key!r} could not run: {why}. "
+        "Then run again.")
     return WorkerFailureError(message, key=key, layer=layer)
+
+
+def _paused_workers() -> int:
+    """How many workers of the current client's cluster are paused (0 if it cannot say)."""
+    client = sys.modules["distributed.client"]._get_global_client()
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    except Exception:  # noqa: BLE001 - no client, or its scheduler gone: nothing to tell
+        return 0
+    return sum(w.get("status") == "paused" for w in workers)
 
 
 def _is_lost_data(err: BaseException) -> bool:

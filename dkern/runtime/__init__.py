@@ -47,9 +47,11 @@ WORKER_MALLOC_ENV = {key.rsplit(".", 1)[1]: str(value) for key, value in worker_
 
 #: How long the embedded cluster's tasks wait with no worker running before they fail.
 #: Its workers all start before ``connect`` returns and a nanny restarts a worker killed
-#: for memory within seconds, so a minute without any means none will come back; without
-#: it the client waits for ever (distributed's default). A value in dask's config wins.
-NO_WORKERS_TIMEOUT = "60s"
+#: for memory within seconds, so minutes without any mean none will come back; without it
+#: the client waits for ever (distributed's default). Workers paused for memory count as not
+#: running (distributed's rule): long enough for a pause that spilling or freeing ends, and
+#: such a job has been warned of (``WorkersPausedWarning``). A value in dask's config wins.
+NO_WORKERS_TIMEOUT = "300s"
 
 _NO_WORKERS_KEY = "distributed.scheduler.no-workers-timeout"
 _SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
