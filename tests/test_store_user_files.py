@@ -372,18 +372,22 @@ def test_clean_of_the_root_cleans_the_groups_beside_one_that_lost_its_pointer(tm
 
 def test_removing_a_checkpoint_keeps_what_else_its_folder_holds(tmp_path):
     """A checkpoint in a folder that also holds a user's file and store (written while the
-    fit ran): its removal deletes what dkern wrote, keeps the rest and the folder. On the
-    old code the folder went, recursively, with them; a checkpoint alone still goes whole."""
+    fit ran) and a user's link at an array's name: its removal deletes what dkern wrote,
+    keeps the rest and the folder. On the old code the folder went, recursively, with
+    them; a checkpoint alone still goes whole."""
     from dkern.solvers.checkpoint import Checkpoint
 
     ck = tmp_path / "ck"
     ck.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", ck / "history")  # a user's link at an array's name
     Checkpoint(str(ck), 1, {"data": "x"}, "cg").save({"r": np.zeros(4)}, np.zeros(1),
                                                       {"iteration": 1})
     (ck / "notes.txt").write_text("mine")
     write_array(np.arange(3.0), ck / "other.zarr", "z")
     remove_checkpoint(ck)
-    assert sorted(os.listdir(ck)) == ["notes.txt", "other.zarr"]
+    assert sorted(os.listdir(ck)) == ["history", "notes.txt", "other.zarr"]
+    assert os.path.islink(ck / "history") and (tmp_path / "elsewhere").is_dir()
     np.testing.assert_array_equal(open_array(ck / "other.zarr", "z").compute(), np.arange(3.0))
     alone = tmp_path / "alone"
     Checkpoint(str(alone), 1, {"data": "x"}, "cg").save({"r": np.zeros(4)}, np.zeros(1),

@@ -255,8 +255,9 @@ def collect_orphans(
 
 
 def remove_store(url: Url) -> None:
-    """Delete the dkern store at ``url``: its pointer, versions and arrays. Anything else in
-    its folder (a user's files, another store) is kept, and then so is the folder.
+    """Delete the dkern store at ``url``: its pointer, versions and the links to its arrays.
+    Anything else in its folder (a user's files, folders or links, at an array's name too;
+    another store) is kept, and then so is the folder.
 
     Parameters
     ----------
@@ -265,19 +266,19 @@ def remove_store(url: Url) -> None:
     """
     url = os.fspath(url)
     fs, path = _store.filesystem(url)
-    own = {"zarr.json", VERSIONS_DIR, *read_pointer(open_group(url, "", mode="r"), url,
-                                                    "").get("arrays", {})}
     entries = {entry.rstrip("/").rpartition("/")[2]: entry for entry in fs.ls(path, detail=False)}
-    others = sorted(set(entries) - own)
+    base = local_dir(url, "")
+    links = [] if base is None else [name for name in entries
+                                     if _store.is_own_link(os.path.join(base, name), name)]
+    own = [name for name in ("zarr.json", VERSIONS_DIR) if name in entries]  # unpublish first
+    others = sorted(set(entries) - set(own) - set(links))
     if not others:
         fs.rm(path, recursive=True)
         return
-    base = local_dir(url, "")
-    for name in sorted(own & set(entries), key=lambda n: n != "zarr.json"):  # unpublish first
-        if base is not None and os.path.islink(os.path.join(base, name)):
-            os.unlink(os.path.join(base, name))  # a link, never followed
-        else:
-            fs.rm(entries[name], recursive=True)
+    for name in links:
+        os.unlink(os.path.join(base, name))  # a link, never followed
+    for name in own:
+        fs.rm(entries[name], recursive=True)
     logger.warning("removed the dkern store %r but kept its folder, which holds %s too",
                    url, others)
 
