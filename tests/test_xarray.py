@@ -560,3 +560,36 @@ def test_predictions_on_a_store_without_links_never_replace_its_hidden_arrays():
     np.testing.assert_allclose(open_array(url, "pred").compute(), model.predict(Xn[:5]),
                                rtol=1e-12)
     assert {"pred", "p2"} <= set(list_arrays(url))
+
+
+def test_coordinates_stay_lazy_survive_a_rewrite_and_odd_names_are_left_out(
+        tmp_path, caplog, monkeypatch):
+    """A dask-backed coordinate is written chunk by chunk, none of it read before the write
+    (it was loaded whole on the client); a second write over the same rows keeps it as
+    the prediction's coordinate (it turned into a data variable); a coordinate named so a
+    store cannot hold it ('station id') is left out with a warning, not a failed write."""
+    import dkern.io.write as write
+
+    read = []
+
+    def block(b, block_info=None):
+        read.append(block_info[None]["array-location"][0])
+        return b
+
+    lat = da.map_blocks(block, da.from_array(Y * 10, chunks=N // 3), dtype=float)
+    labelled = xr.DataArray(da.from_array(X, chunks=(N // 3, D)), dims=("time", "feature"),
+                            coords={"time": TIME, "lat": ("time", lat),
+                                    "station id": ("time", np.arange(N))})
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y)
+    url = str(tmp_path / "out.zarr")
+    publish, before_write = write._write_and_publish, []
+    monkeypatch.setattr(write, "_write_and_publish",
+                        lambda *a, **k: before_write.append(len(read)) or publish(*a, **k))
+    with caplog.at_level("WARNING", logger="dkern"):
+        model.predict(labelled, out=(url, "pred"))
+    assert before_write == [0]
+    assert "'station id' coordinate" in caplog.text
+    model.predict(labelled, out=(url, "pred"), overwrite=True)
+    back = xr.open_zarr(url, consolidated=False)
+    assert set(back["pred"].coords) == {"time", "lat"} and set(back.data_vars) == {"pred"}
+    np.testing.assert_array_equal(back["lat"].values, Y * 10)

@@ -22,7 +22,7 @@ from dkern.io.rows import (
     store_location,
 )
 from dkern.io.synthetic import make_regression_store
-from dkern.io.write import write_array, write_arrays
+from dkern.io.write import is_array_name, write_array, write_arrays
 
 __all__ = [
     "Rows",
@@ -36,6 +36,7 @@ __all__ = [
     "default_row_chunk",
     "filesystem",
     "group_exists",
+    "is_array_name",
     "is_lazy",
     "is_store_ref",
     "path_within",

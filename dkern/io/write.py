@@ -70,7 +70,7 @@ from dkern.io._visible import show_published
 from dkern.io.maintenance import LOCAL_GRACE_S, collect_orphans, new_folder
 from dkern.io.rows import default_row_chunk
 
-__all__ = ["write_array", "write_arrays"]
+__all__ = ["is_array_name", "write_array", "write_arrays"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +153,7 @@ def write_arrays(
     array_attrs = {name: {"coordinates": " ".join(value)}
                    for name, value in _checked_coordinates(coordinates, items).items()}
     current = find_group(url, group)
-    if current is None:
-        check_not_zarr_v2(url, group)
+    check_not_zarr_v2(url, group)  # the group, or one above it (a v3 group in a v2 root)
     listed = read_pointer(current, url, group).get("arrays", {}) if current is not None else {}
     kept = {name: listed[name] for name, x in items
             if _is_stored(url, group, name, x, listed, chunk_rows)}
@@ -202,6 +201,12 @@ def write_array(
     group, _, name = path.strip("/").rpartition("/")
     write_arrays(url, {name: x}, overwrite=overwrite, chunk_rows=chunk_rows, group=group,
                  dims=None if dims is None else {name: dims})
+
+
+def is_array_name(name: Any) -> bool:
+    """Whether ``write_arrays`` takes ``name`` as an array's name."""
+    return (isinstance(name, str) and bool(name) and "/" not in name
+            and not reserved_name(name) and len(name.encode()) <= MAX_NAME_BYTES)
 
 
 def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:

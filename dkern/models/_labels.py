@@ -18,9 +18,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import dask.array as da
 import numpy as np
 
-from ..io import group_exists, list_arrays
+from ..io import group_exists, is_array_name, list_arrays, open_array
 from ..io.labelled import (
     LabelledRows,
     as_data_array,
@@ -99,23 +100,44 @@ def written_arrays(url: Any, group: str, arrays: dict[str, Any], base: str
     row_dim, with_coordinate = _row_dim(rows, present, base, hidden)
     names = (row_dim, _column_dim(arrays, present, base, row_dim, hidden))[:ndim]
     dims = {name: names[:a.ndim] for name, a in arrays.items()}
-    if not with_coordinate:
-        return dict(arrays), dims, {}
+    if not with_coordinate:  # the group's rows: its coordinates of X's label them too
+        kept = _group_coordinates(url, group, rows, row_dim, present)
+        return dict(arrays), dims, {name: kept for name in arrays} if kept else {}
     written = dict(arrays)
     taken = set(arrays).union(*dims.values())  # the columns' dimension too
     for name, stored in _coordinate_names(rows, row_dim, present, hidden, taken,
                                           base).items():
-        coordinate = np.asarray(rows.coords[name].values)
-        if coordinate.dtype.kind not in _STORABLE_KINDS:
+        coordinate = rows.coords[name].data  # dask stays lazy: written chunk by chunk
+        nameable = is_array_name(stored) and not any(ch.isspace() for ch in stored)
+        if coordinate.dtype.kind not in _STORABLE_KINDS or not nameable:
+            why = (f"its dtype {coordinate.dtype} is not one a dkern store holds (numbers, "
+                   "bools and times)" if coordinate.dtype.kind not in _STORABLE_KINDS else
+                   f"{stored[:60]!r} is not a name a dkern store takes, or has spaces "
+                   "(xarray reads coordinate names space-separated)")
             logger.warning("the predictions written to %s lie along %r, without X's %r "
-                           "coordinate: its dtype %s is not one a dkern store holds "
-                           "(numbers, bools and times). Attach it after reading, e.g. "
-                           "pred.assign_coords(%s=(%r, X[%r].values)).", group or "/",
-                           row_dim, name, coordinate.dtype, stored, row_dim, name)
+                           "coordinate: %s. Attach it after reading, e.g. "
+                           "pred.assign_coords({%r: (%r, X[%r].values)}).", group or "/",
+                           row_dim, name[:60], why, name[:60], row_dim, name[:60])
             continue
         written[stored], dims[stored] = coordinate, (row_dim,)
     others = tuple(n for n in written if n not in arrays and n != row_dim)
     return written, dims, {name: others for name in arrays} if others else {}
+
+
+def _group_coordinates(url: Any, group: str, rows: LabelledRows, row_dim: str,
+                       present: Any) -> tuple[str, ...]:
+    """X's non-index coordinates that the group holds along ``row_dim`` with X's values
+    (compared chunk by chunk: a dask-backed coordinate is not loaded whole)."""
+    if present is None:
+        return ()
+    kept = []
+    for name, c in rows.coords.items():
+        if name == rows.dim or name not in present.variables or present[name].dims != (row_dim,):
+            continue
+        stored = open_array(url, f"{group}/{name}" if group else name)
+        if stored.shape == c.shape and bool(da.all(stored == da.asarray(c.data)).compute()):
+            kept.append(name)
+    return tuple(kept)
 
 
 def _coordinate_names(rows: LabelledRows, row_dim: str, present: Any, hidden: set[str],
@@ -125,7 +147,10 @@ def _coordinate_names(rows: LabelledRows, row_dim: str, present: Any, hidden: se
     need be) where that names anything of the group, of this write or a dimension."""
     stored = {rows.dim: row_dim} if rows.dim in rows.coords else {}
     used = set(taken) | hidden | {row_dim}
-    for name in sorted(set(rows.coords) - {rows.dim}):
+    others = sorted(set(rows.coords) - {rows.dim})
+    # names free as they are first, so a renamed one never takes another's own name
+    for name in sorted(others, key=lambda n: n in used or (present is not None and (
+            n in present.variables or n in present.sizes))):
         candidate, number = name, 0
         while candidate in used or (present is not None and (
                 candidate in present.variables or candidate in present.sizes)):
