@@ -128,15 +128,18 @@ def _no_worker(err: Any) -> WorkerFailureError:
     key = err.task
     layer = key[0] if isinstance(key, tuple) else str(key)
     paused = _paused_workers()
-    why = (f"its {paused} worker(s) stayed paused for memory (see the WorkersPausedWarning: "
+    needs = {name: value for name in ("host_restrictions", "worker_restrictions",
+                                      "resource_restrictions")
+             if (value := getattr(err, name, None))}
+    why = (f"no worker has what it asks for ({needs})" if needs else
+           f"its {paused} worker(s) stayed paused for memory (see the WorkersPausedWarning: "
            "give them more memory or use smaller chunks)" if paused else
            "its workers died and none came back (a worker killed for memory whose nanny could "
            "not start a new one, or stopped worker processes; their logs say why: start the "
            "workers again, or dkern.connect() a new cluster)")
     message = (
-        f"the cluster has had no running worker for {err.timeout:g} s (its scheduler's "
-        f"distributed.scheduler.no-workers-timeout), so task {key!r} could not run: {why}. "
-        "Then run again.")
+        f"task {key!r} found no worker to run it for {err.timeout:g} s (its scheduler's "
+        f"distributed.scheduler.no-workers-timeout): {why}. Then run again.")
     return WorkerFailureError(message, key=key, layer=layer)
 
 

@@ -112,8 +112,9 @@ def test_a_cluster_left_without_workers_fails_its_tasks_not_a_hang():
         while client.scheduler_info()["workers"]:
             time.sleep(0.05)
         start = time.monotonic()
-        with pytest.raises(WorkerFailureError, match="no running worker for 2 s.*workers died"
-                           ) as info, worker_failures():
+        with pytest.raises(WorkerFailureError,
+                           match="found no worker to run it for 2 s.*workers died") as info, \
+                worker_failures():
             da.ones((4, 2), chunks=(2, 2)).sum().compute()
         assert time.monotonic() - start < 30
     assert isinstance(info.value.__cause__, NoWorkerError)
