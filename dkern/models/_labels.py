@@ -134,8 +134,13 @@ def _group_coordinates(url: Any, group: str, rows: LabelledRows, row_dim: str,
     for name, c in rows.coords.items():
         if name == rows.dim or name not in present.variables or present[name].dims != (row_dim,):
             continue
-        stored = open_array(url, f"{group}/{name}" if group else name)
-        if stored.shape == c.shape and bool(da.all(stored == da.asarray(c.data)).compute()):
+        try:
+            stored = open_array(url, f"{group}/{name}" if group else name)
+            same = stored.shape == c.shape and bool(
+                da.all(stored == da.asarray(c.data)).compute())
+        except (ValueError, TypeError):  # not an array dkern reads (strings), or not alike
+            same = False
+        if same:
             kept.append(name)
     return tuple(kept)
 
