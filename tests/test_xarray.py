@@ -593,3 +593,22 @@ def test_coordinates_stay_lazy_survive_a_rewrite_and_odd_names_are_left_out(
     back = xr.open_zarr(url, consolidated=False)
     assert set(back["pred"].coords) == {"time", "lat"} and set(back.data_vars) == {"pred"}
     np.testing.assert_array_equal(back["lat"].values, Y * 10)
+
+
+def test_a_group_string_variable_named_like_a_coordinate_is_not_taken_for_it(tmp_path):
+    """The group (written by xarray) has a string variable 'tag' over X's rows, and X a
+    numeric 'tag' coordinate: the prediction is written along the group's "time", 'tag'
+    is not marked as its coordinate (the values differ) and stays as it was. The group's
+    times read back in ns and X's pandas times are in µs: the same instants, the same rows
+    (on the old code the prediction got a dimension of its own)."""
+    url = str(tmp_path / "ds.zarr")
+    tags = np.array([f"t{i}" for i in range(N)])
+    xr.Dataset({"tag": ("time", tags)}, coords={"time": TIME}).to_zarr(url, mode="w")
+    labelled = xr.DataArray(X, dims=("time", "feature"),
+                            coords={"time": TIME, "tag": ("time", np.arange(N) * 1.0)})
+    model = KernelRidge(Gaussian(1.0), alpha=0.1, solver="exact").fit(X, Y)
+    model.predict(labelled, out=(url, "pred"))
+    back = xr.open_zarr(url)
+    assert set(back["pred"].coords) == {"time"}
+    np.testing.assert_array_equal(back["tag"].values, tags)
+    np.testing.assert_allclose(back["pred"].values, model.predict(X), rtol=0, atol=1e-12)

@@ -220,7 +220,10 @@ def _same_rows(rows: LabelledRows, present: Any) -> bool:
     theirs = present[dim].values if dim in present.coords else None
     if ours is None or theirs is None:  # unlabelled rows pair by position, as in xarray
         return ours is None
-    return bool(ours.dtype == theirs.dtype and np.array_equal(ours, theirs))
+    # times are the same instants in any unit (pandas makes µs, xarray reads back ns)
+    alike = ours.dtype == theirs.dtype or (ours.dtype.kind == theirs.dtype.kind
+                                           and ours.dtype.kind in "mM")
+    return bool(alike and np.array_equal(ours, theirs))
 
 
 def _column_dim(arrays: dict[str, Any], present: Any, base: str, row_dim: str,
