@@ -145,12 +145,13 @@ def _no_worker(err: Any) -> WorkerFailureError:
 
 def _paused_workers() -> int:
     """How many workers of the current client's cluster are paused (0 if it cannot say)."""
+    from .runtime.watch import paused_workers
+
     client = sys.modules["distributed.client"]._get_global_client()
     try:
-        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        return len(paused_workers(client.scheduler_info(n_workers=-1)))
     except Exception:  # noqa: BLE001 - no client, or its scheduler gone: nothing to tell
         return 0
-    return sum(w.get("status") == "paused" for w in workers)
 
 
 def _is_lost_data(err: BaseException) -> bool:

@@ -205,8 +205,21 @@ def write_array(
 
 def is_array_name(name: Any) -> bool:
     """Whether ``write_arrays`` takes ``name`` as an array's name."""
-    return (isinstance(name, str) and bool(name) and "/" not in name
-            and not reserved_name(name) and len(name.encode()) <= MAX_NAME_BYTES)
+    return _name_problem(name) is None
+
+
+def _name_problem(name: Any) -> str | None:
+    """Why ``write_arrays`` refuses ``name`` as an array's name; None if it takes it."""
+    if not isinstance(name, str) or not name or "/" in name or reserved_name(name):
+        return (f"array names must be non-empty strings without '/' or '\\' that start with "
+                f"neither '.', '__' nor 'zarr.' and do not end in '.partial' (names zarr and "
+                f"dkern use for their own files; zarr reads '\\' as '/'); got {name!r}. Rename "
+                "the array, or pass group= for nesting.")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        return (f"array names must be at most {MAX_NAME_BYTES} bytes (UTF-8), so that the "
+                f"temporary '<name>.<32 hex>.partial' beside each fits a file system's 255; "
+                f"got {len(name.encode())} bytes ({name[:40]!r}…). Use a shorter name.")
+    return None
 
 
 def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -216,19 +229,8 @@ def _checked_items(arrays: Mapping[str, Any]) -> list[tuple[str, Any]]:
             "Pass e.g. {'X': X}."
         )
     for name in arrays:
-        if not isinstance(name, str) or not name or "/" in name or reserved_name(name):
-            raise ValueError(
-                f"array names must be non-empty strings without '/' or '\\' that start with "
-                f"neither '.', '__' nor 'zarr.' and do not end in '.partial' (names zarr and "
-                f"dkern use for their own files; zarr reads '\\' as '/'); got {name!r}. Rename "
-                "the array, or pass group= for nesting."
-            )
-        if len(name.encode()) > MAX_NAME_BYTES:
-            raise ValueError(
-                f"array names must be at most {MAX_NAME_BYTES} bytes (UTF-8), so that the "
-                f"temporary '<name>.<32 hex>.partial' beside each fits a file system's 255; "
-                f"got {len(name.encode())} bytes ({name[:40]!r}…). Use a shorter name."
-            )
+        if (problem := _name_problem(name)) is not None:
+            raise ValueError(problem)
     return list(arrays.items())
 
 

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 
@@ -130,19 +131,18 @@ def _group_coordinates(url: Any, group: str, rows: LabelledRows, row_dim: str,
     (compared chunk by chunk: a dask-backed coordinate is not loaded whole)."""
     if present is None:
         return ()
-    kept = []
+    checks = {}
     for name, c in rows.coords.items():
         if name == rows.dim or name not in present.variables or present[name].dims != (row_dim,):
             continue
         try:
             stored = open_array(url, f"{group}/{name}" if group else name)
-            same = stored.shape == c.shape and bool(
-                da.all(stored == da.asarray(c.data)).compute())
+            if stored.shape == c.shape:
+                checks[name] = da.all(stored == da.asarray(c.data))
         except (ValueError, TypeError):  # not an array dkern reads (strings), or not alike
-            same = False
-        if same:
-            kept.append(name)
-    return tuple(kept)
+            continue
+    same = dask.compute(checks)[0]  # one graph for all of them
+    return tuple(name for name, equal in same.items() if equal)
 
 
 def _coordinate_names(rows: LabelledRows, row_dim: str, present: Any, hidden: set[str],
@@ -152,13 +152,16 @@ def _coordinate_names(rows: LabelledRows, row_dim: str, present: Any, hidden: se
     need be) where that names anything of the group, of this write or a dimension."""
     stored = {rows.dim: row_dim} if rows.dim in rows.coords else {}
     used = set(taken) | hidden | {row_dim}
+
+    def clashes(name: str) -> bool:
+        return name in used or (present is not None and (
+            name in present.variables or name in present.sizes))
+
     others = sorted(set(rows.coords) - {rows.dim})
     # names free as they are first, so a renamed one never takes another's own name
-    for name in sorted(others, key=lambda n: n in used or (present is not None and (
-            n in present.variables or n in present.sizes))):
+    for name in sorted(others, key=clashes):
         candidate, number = name, 0
-        while candidate in used or (present is not None and (
-                candidate in present.variables or candidate in present.sizes)):
+        while clashes(candidate):
             number += 1
             candidate = f"{base}_{name}" if number == 1 else f"{base}_{name}_{number - 1}"
         stored[name] = candidate
