@@ -417,17 +417,39 @@ def test_entries_named_as_no_array_can_be_are_refused(tmp_path, name):
     assert Path(url, entry_of(url, "X")["path"]).exists()
 
 
-@pytest.mark.parametrize("what", ["chunk", "metadata"])
+def test_a_chunk_larger_than_its_array_is_refused_before_it_is_read(tmp_path):
+    """A 20-row array whose metadata (and both digests) claim chunks of 5·10⁷ rows: its one
+    chunk file, zstd zeros of a few dozen KB, decompressed to 1.2 GB. dkern never writes a
+    chunk larger than its array, so the claim is refused before anything is read."""
+    url = str(tmp_path / "s.zarr")
+    write_array(np.ones((20, 3)), url, "X")
+    entry = entry_of(url, "X")
+    meta = Path(url, entry["path"], "zarr.json")
+    doc = json.loads(meta.read_text())
+    rows = 50_000_000
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [rows, 3]
+    meta.write_text(json.dumps(doc))
+    digest = "sha256:" + __import__("hashlib").sha256(meta.read_bytes()).hexdigest()
+    forge(url, lambda pointer: pointer["arrays"]["X"].update(chunks=[rows, 3], meta=digest))
+    with pytest.raises(StoreError, match=r"shape \(20, 3\) claims chunks of \(50000000, 3\), "
+                                         "larger than the array"):
+        open_array(url, "X")
+    assert not check_store(url).ok
+
+
+@pytest.mark.parametrize("what", ["chunk", "metadata", "chunk folder"])
 def test_links_inside_an_array_folder_are_refused(tmp_path, what):
-    """A chunk file or an array's zarr.json replaced by a link to a copy outside the store
-    read fine (their bytes pass the checks); dkern reads nothing through a link."""
+    """A chunk file, an array's zarr.json or its whole chunk folder ``c`` replaced by a
+    link to a copy outside the store read fine (their bytes pass the checks); dkern reads
+    nothing through a link."""
     url = str(tmp_path / "s.zarr")
     write_array(np.arange(20.0).reshape(10, 2), url, "X", chunk_rows=5)
-    path = chunk(url, "X", (1, 0)) if what == "chunk" else Path(
-        url, entry_of(url, "X")["path"], "zarr.json")
+    folder = Path(url, entry_of(url, "X")["path"])
+    path = {"chunk": chunk(url, "X", (1, 0)), "metadata": folder / "zarr.json",
+            "chunk folder": folder / "c"}[what]
     copy = tmp_path / "outside"
-    shutil.copyfile(path, copy)
-    path.unlink()
+    (shutil.copytree if path.is_dir() else shutil.copyfile)(path, copy)
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
     path.symlink_to(copy)
     with pytest.raises(StoreError, match="symbolic link"):
         open_array(url, "X")

@@ -347,10 +347,23 @@ def _dkern_array(
             f"{where(url, group)}: array {name!r} does not match its manifest: "
             f"expected {expected}, found {found}. The store is damaged; rewrite the array."
         )
+    _check_chunk_shape(z, url, group, name)
     crcs = _chunk_crcs(raw, z, url, group, name, full)
     _check_chunks_present(store, z, url, "/".join(p for p in (group, name) if p))
     return _opened(StrictChunkStore(store, chunk_prefix=f"{full}/c/", crcs=crcs),
                    url, group, name, full)
+
+
+def _check_chunk_shape(z: zarr.Array, url: str, group: str, name: str) -> None:
+    """StoreError for a chunk larger than its array along some axis: dkern never writes
+    one, and reading it would allocate what the chunk claims (a small file claiming
+    chunks of 10⁹ rows is a memory bomb), not what the array holds."""
+    if any(c > max(1, s) for c, s in zip(z.chunks, z.shape, strict=True)):
+        raise StoreError(
+            f"{where(url, group)}: array {name!r} of shape {z.shape} claims chunks of "
+            f"{z.chunks}, larger than the array; dkern writes no such chunk, so the store "
+            "is damaged or forged. Nothing was read; rewrite the array from its source."
+        )
 
 
 def _opened(store: Any, url: str, group: str, name: str, full: str) -> zarr.Array:
@@ -413,6 +426,7 @@ def _chunk_keys(store: Any, url: str, path: str) -> set[str]:
     if base is None:
         return set(sync(_keys(store.list_prefix(f"{path}/c/"))))
     check_no_links(url, "", base, [*path.split("/"), "zarr.json"])
+    check_no_links(url, "", base, [*path.split("/"), "c"])  # scandir would follow it
     keys, pending = set(), [f"{path}/c"]
     while pending:
         folder = pending.pop()
