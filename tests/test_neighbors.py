@@ -260,6 +260,26 @@ def test_features_whose_squared_distances_are_subnormal_keep_every_neighbour(sca
     np.testing.assert_allclose(model.predict(Q), np.arange(300.0)[idx].mean(axis=1))
 
 
+def test_the_neighbour_reduction_takes_an_empty_query_chunk():
+    """``nearest_neighbors`` called directly (the estimators drop empty chunks first) with
+    query chunks (5, 0, 4): the same neighbours as scipy. On the old code the numpy block
+    failed on the empty chunk ("zero-size array to reduction operation maximum"), then the
+    records' reshape and merge did."""
+    from scipy.spatial.distance import cdist
+
+    from dkern.operators.reductions import nearest_neighbors
+
+    rng = np.random.default_rng(0)
+    Q, Z = rng.normal(size=(9, 2)), rng.normal(size=(40, 2))
+    Qd = da.from_array(Q, chunks=((5, 0, 4), 2))
+    with dask.config.set(scheduler="synchronous"):
+        dist, idx = dask.compute(*nearest_neighbors(Qd, da.from_array(Z, chunks=20), 3,
+                                                    backend="numpy"))
+    D = cdist(Q, Z)
+    np.testing.assert_array_equal(idx, np.argsort(D, axis=1, kind="stable")[:, :3])
+    np.testing.assert_allclose(dist, np.sort(D, axis=1)[:, :3], rtol=1e-14)
+
+
 def test_dask_rows_with_an_empty_chunk_give_the_same_answers():
     """Queries chunked (10, 0, 20), training rows (100, 0, 200): kNN, radius neighbours and
     kernel logistic regression as without the empty chunk. On the old code the block

@@ -119,7 +119,7 @@ def nearest_block(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.nda
     x, z = np.asarray(x, dtype=np.float64), np.asarray(z, dtype=np.float64)
     best_sq = np.full((len(x), k), np.inf)
     best_idx = np.full((len(x), k), PAD_INDEX)
-    if len(z) == 0:
+    if len(z) == 0 or len(x) == 0:  # nothing to search, or no one asking
         return best_sq, best_idx
     tile_rows, tile_cols = TILE
     if order is None:
@@ -439,7 +439,7 @@ def merge_neighbors(parts: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
                          f"axis {axis!r}.")
     n = parts.shape[0]
     k = parts.dtype["sq"].shape[0]
-    rows = np.repeat(np.arange(n), parts[0].size * k)
+    rows = np.repeat(np.arange(n), parts.shape[1] * parts.shape[2] * k)  # parts[0]: n may be 0
     out = np.empty((n, 1), parts.dtype)
     out["sq"][:, 0], out["index"][:, 0] = best_k(rows, parts["sq"].ravel(),
                                                  parts["index"].ravel(), n, k)

@@ -37,6 +37,7 @@ block may return its fields as a tuple, in the dtype's field order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -233,7 +234,7 @@ def _typed(out: Any, dtype: np.dtype) -> np.ndarray:
     dtype; packed, one record per row, into a structured one."""
     if dtype.names is None:  # (n, a, b, ...) blocks flatten to (n, a·b·...)
         out = np.asarray(out, dtype=dtype)
-        return out.reshape(len(out), -1) if out.ndim > 2 else out
+        return _rows_by_width(out) if out.ndim > 2 else out
     if isinstance(out, tuple):
         if len(out) != len(dtype.names):
             raise ValueError(f"a block of structured dtype {dtype} must return its "
@@ -246,7 +247,13 @@ def _typed(out: Any, dtype: np.dtype) -> np.ndarray:
     if out.dtype != dtype:
         raise ValueError(f"a block of structured dtype {dtype} returned dtype {out.dtype}; "
                          "return its fields as a tuple, or records of that dtype.")
-    return out.reshape(len(out), -1)
+    return _rows_by_width(out)
+
+
+def _rows_by_width(out: np.ndarray) -> np.ndarray:
+    """``out`` (n, ...) as (n, width): its trailing axes flattened, also for n = 0 (an
+    empty row chunk), where ``reshape(n, -1)`` cannot tell the width."""
+    return out.reshape(len(out), math.prod(out.shape[1:]))
 
 
 def _broadcast_args(broadcast: Broadcast | None) -> tuple[tuple[str, ...], list[Any]]:
