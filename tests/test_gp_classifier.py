@@ -446,3 +446,16 @@ def test_newton_cap_warns():
 @parametrize_with_checks([GaussianProcessClassifier()])
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+def test_the_training_rows_are_the_model_s_own(solver):
+    """Changing the caller's X after fit changes no probability (scikit-learn copies the
+    rows); on the old code the model kept the caller's array."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X[:150] - X[:150].mean(axis=0)) / X[:150].std(axis=0)
+    Q = X[:5].copy()
+    gpc = GaussianProcessClassifier(solver=solver, optimizer=None).fit(X, y[:150])
+    before = gpc.predict_proba(Q)
+    X[:] = 0.0
+    np.testing.assert_allclose(gpc.predict_proba(Q), before, rtol=1e-9)

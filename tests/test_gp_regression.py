@@ -587,3 +587,25 @@ def test_sklearn_estimator_checks(estimator, check):
     with dask.config.set(scheduler="synchronous"), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         check(estimator)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg", "nystrom"])
+def test_the_training_rows_are_the_model_s_own(solver):
+    """Changing the caller's X after fit changes nothing: scikit-learn copies the rows
+    (copy_X_train=True). On the old code the model kept the caller's array, so zeroing it
+    moved the exact GP's means from ~200 to ~580 and its stds to 0 (its factor was the old
+    rows'), and the sparse GP's log marginal likelihood from -2.6e6 to -5.5e6."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    X, y = X[:200].copy(), y[:200]
+    gp = GaussianProcessRegressor(Gaussian(0.5), alpha=0.1, solver=solver, optimizer=None,
+                                  n_centers=50 if solver == "nystrom" else None,
+                                  random_state=0).fit(X, y)
+    mean, std = gp.predict(X[:3], return_std=True)
+    lml = gp.log_marginal_likelihood(gp.kernel_.theta)
+    X[:] = 0.0
+    after_mean, after_std = gp.predict(load_diabetes()["data"][:3], return_std=True)
+    np.testing.assert_allclose(after_mean, mean, rtol=1e-12)
+    np.testing.assert_allclose(after_std, std, rtol=1e-9)  # CG's stds: a solve per call
+    assert gp.log_marginal_likelihood(gp.kernel_.theta) == pytest.approx(lml, rel=1e-12)

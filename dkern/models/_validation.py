@@ -271,6 +271,19 @@ def as_float64(a: Any) -> Any:
     return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
+def kept_copy(a: Any, given: Any) -> Any:
+    """``a`` (rows derived from the caller's ``given``) as an array the caller cannot
+    change after fit: a numpy array that is ``given`` itself or a view (of it, or of a
+    DataFrame) is copied; lazy rows and arrays made here are kept as they are.
+
+    scikit-learn's Gaussian processes copy their training rows (``copy_X_train=True``):
+    a fitted model that kept a reference predicted from rows changed after fit, beside
+    factors computed from the old ones."""
+    if isinstance(a, np.ndarray) and (a is given or not a.flags.owndata):
+        return a.copy()
+    return a
+
+
 def in_memory(a: Any) -> np.ndarray:
     """``a`` as a float64 numpy array (computing it if it is a dask array)."""
     return np.asarray(a.compute() if isinstance(a, da.Array) else a, dtype=np.float64)

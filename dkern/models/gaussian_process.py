@@ -40,6 +40,7 @@ from ._validation import (
     check_y,
     checked_kernel,
     fixed_seed,
+    kept_copy,
     refuse_white,
 )
 from .kernel_ridge import CG_PRECONDITIONER_RANK
@@ -200,6 +201,9 @@ class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive
     centers_ : ndarray of shape (M, d)
         ``"nystrom"`` only: the centres (inducing points).
     X_train_ : ndarray or dask.array.Array of shape (n, d)
+        The training rows: in-memory ones copied (as scikit-learn's
+        ``copy_X_train=True``), so changing the array passed to ``fit`` changes nothing;
+        lazy ones as given.
     y_train_ : ndarray or dask.array.Array of shape (n,) or (n, t)
         The targets as fitted (normalised when ``normalize_y``). A loaded
         ``"nystrom"`` model has neither (its file holds only M-sized arrays).
@@ -315,7 +319,7 @@ class GaussianProcessRegressor(DefaultKernel, DeclaredState, PosteriorPredictive
         # the pivots' seed is fixed per fit: a preconditioner rebuilt after dkern.load or
         # under another client is then the same one, and so are the CG and LOVE stds
         self._pivot_seed = fixed_seed(self.random_state)
-        Xw = as_float64(Xv)  # the precision rule
+        Xw = kept_copy(as_float64(Xv), X)  # the precision rule; not the caller's array
         if solver == "exact" and isinstance(Xw, da.Array):
             Xw = Xw.compute()  # the exact solver holds everything in memory anyway
         self._targets, yw = TargetScaling.of(yv, self.normalize_y)

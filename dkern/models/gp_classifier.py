@@ -30,6 +30,7 @@ from ._validation import (
     check_X,
     checked_kernel,
     in_memory,
+    kept_copy,
     legacy_seed,
     refuse_white,
 )
@@ -119,7 +120,9 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
     solver_ : str
         ``"exact"`` or ``"cg"``.
     X_fit_ : ndarray or dask.array.Array of shape (n, d)
-        The training rows (dask or Zarr input stays lazy for ``"cg"``).
+        The training rows (dask or Zarr input stays lazy for ``"cg"``); in-memory ones
+        are copied, as scikit-learn does, so changing the array passed to ``fit`` changes
+        nothing.
     y_train_ : ndarray of int, shape (n,)
         The labels as indices into ``classes_``.
     pi_ : ndarray or dask.array.Array of shape (n,) or (n, n_classes)
@@ -195,14 +198,14 @@ class GaussianProcessClassifier(DefaultKernel, DeclaredState, ClassifierMixin, B
             Xn = in_memory(Xw)
             modes = [_laplace.solve_dense(K, t, self.max_iter_predict)
                      for K, t in zip(_laplace.dense_grams(kernels, Xn), targets, strict=True)]
-            self.X_fit_ = Xn
+            self.X_fit_ = kept_copy(Xn, X)  # not the caller's array (scikit-learn copies)
         else:
             modes = []
             for k, t in zip(kernels, targets, strict=True):
                 K = gram(k, Xw, backend=self.backend)
                 modes.append(_laplace.solve_cg(K, _laplace.lazy_vector(t, K), self.max_iter_predict,
                                                self.tol, self.max_iter))
-            self.X_fit_ = X if isinstance(X, da.Array) else Xv
+            self.X_fit_ = X if isinstance(X, da.Array) else kept_copy(Xv, X)
         pis = [m.pi for m in modes]
         if self.solver_ == "cg" and not isinstance(self.X_fit_, da.Array):
             # in-memory rows: σ(f̂) (n floats, fewer than X's) comes to the client, as
