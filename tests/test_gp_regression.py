@@ -478,10 +478,19 @@ def test_return_cov_beyond_memory_points_to_return_std(monkeypatch):
 
 
 def test_bounds_that_exclude_the_start_are_named():
+    """The message names the parameter and the bounds argument of its own kernel (it used
+    to suggest ``constant_bounds`` also for a Constant, whose argument is
+    ``constant_value_bounds``)."""
     kernel = Scaled(2.0, Gaussian(50.0, lengthscale_bounds=(0.1, 10.0)))
     with pytest.raises(ValueError, match=r"kernel__lengthscale = 50 lies outside its bounds "
-                                         r"\(0.1, 10\)"):
+                                         r"\(0.1, 10\).*the kernel's lengthscale_bounds\)"):
         GaussianProcessRegressor(kernel, alpha=NOISE).fit(X_TRAIN[:50], Y_TRAIN[:50])
+    from dkern.kernels import Constant
+
+    with pytest.raises(ValueError, match=r"k1__constant_value = 1e\+06 lies outside .*"
+                                         r"the kernel's constant_value_bounds\)"):
+        GaussianProcessRegressor(Constant(1e6) * Gaussian(1.0), alpha=NOISE).fit(
+            X_TRAIN[:50], Y_TRAIN[:50])
     # without an optimizer the bounds do not matter
     GaussianProcessRegressor(kernel, alpha=NOISE, optimizer=None).fit(X_TRAIN[:50], Y_TRAIN[:50])
 

@@ -230,3 +230,18 @@ def test_kernel_values_that_overflow_are_refused_naming_the_kernel(fit):
     with dask.config.set(scheduler="synchronous"), pytest.raises(
             ValueError, match=r"overflows float64 .* Rescale the features"):
         fit(Xb)
+
+
+def test_an_overflow_in_float32_is_named_so_with_the_float64_way_out():
+    """float32 rows whose kernel values pass float32's range but not float64's: the
+    message names float32 and offers float64 (it said float64 overflowed, which was not
+    so: the same rows in float64 give values up to 6.6e71)."""
+    from dkern.backends import block_backend
+
+    x = (np.random.default_rng(0).normal(size=(8, 3)) * 6 + 6).astype(np.float32)
+    kernel = exp(0.5 * Linear())
+    with pytest.raises(ValueError, match=r"overflows float32 .* or compute in float64"):
+        block_backend("numpy").kernel_matvec(x, x.copy(), np.ones((8, 1)), kernel=kernel)
+    wide = block_backend("numpy").kernel_matvec(x.astype(np.float64), x.astype(np.float64),
+                                                np.ones((8, 1)), kernel=kernel)
+    assert np.isfinite(wide).all() and wide.max() > np.finfo(np.float32).max

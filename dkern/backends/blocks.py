@@ -249,7 +249,7 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
         except NoTritonSource as why:
             log_fallback_once("kernel products", str(why), backend="triton")
             return super().kernel_matvec(x, z, v, kernel=kernel)
-        return finite_values(out, kernel, x, z, v)
+        return finite_values(out, kernel, x, z, v, computed_in=np.result_type(x, z))
 
     def normal_matvec(self, x: np.ndarray, c: np.ndarray, v: np.ndarray, *,
                       kernel: Kernel) -> np.ndarray:

@@ -21,18 +21,24 @@ DEFAULT_BOUNDS = (1e-5, 1e5)
 FIXED = "fixed"
 
 
-def finite_values(K: Array, kernel: Kernel, *inputs: Array | None) -> Array:
+def finite_values(K: Array, kernel: Kernel, *inputs: Array | None,
+                  computed_in: np.dtype | None = None) -> Array:
     """``K`` (computed by the kernel from ``inputs``) unless some value is infinite or NaN
-    while every input is finite: then the kernel's values overflowed float64, as a polynomial,
-    product, power or exponential of large values can, and a ValueError says so here,
-    not as NaN several steps later in a solver. Non-finite inputs are left to the input
-    checks (and pass through where those are turned off)."""
+    while every input is finite: then the kernel's values overflowed K's dtype, as a
+    polynomial, product, power or exponential of large values can, and a ValueError says so
+    here, not as NaN several steps later in a solver. Non-finite inputs are left to the
+    input checks (and pass through where those are turned off). ``computed_in``: the dtype
+    the values were computed in, for the message (default K's: a fused product computed
+    in float32 may return float64 sums)."""
     if np.isfinite(K).all() or not all(np.isfinite(a).all() for a in inputs if a is not None):
         return K
+    dtype = np.dtype(computed_in or K.dtype)
+    wider = (" or compute in float64 (float64 rows, or dtype=np.float64)"
+             if dtype != np.float64 else "")
     raise ValueError(
-        f"the kernel {kernel!r} overflows float64 on these inputs: some of its values are "
+        f"the kernel {kernel!r} overflows {dtype} on these inputs: some of its values are "
         "infinite. Rescale the features (e.g. with sklearn.preprocessing.StandardScaler), "
-        "or use a kernel of lower degree."
+        f"use a kernel of lower degree{wider}."
     )
 
 

@@ -49,12 +49,13 @@ def check_start_in_bounds(kernel: Kernel) -> None:
     outside = (theta < bounds[:, 0] - slack[:, 0]) | (theta > bounds[:, 1] + slack[:, 1])
     if outside.any():
         k = int(np.argmax(outside))
+        name = kernel.hyperparameter_names[k]
+        low, high = np.exp(bounds[k])
         raise ValueError(
-            f"kernel hyperparameter {kernel.hyperparameter_names[k]} = {np.exp(theta[k]):.6g} "
-            f"lies outside its bounds ({np.exp(bounds[k, 0]):.6g}, {np.exp(bounds[k, 1]):.6g}), "
-            "so the optimizer cannot start there. Start inside the bounds, widen them (e.g. "
-            "lengthscale_bounds=(1e-3, 1e3) or constant_bounds=...), fix the parameter with "
-            "bounds 'fixed', or pass optimizer=None.")
+            f"kernel hyperparameter {name} = {np.exp(theta[k]):.6g} lies outside its bounds "
+            f"({low:.6g}, {high:.6g}), so the optimizer cannot start there. Start inside the "
+            f"bounds, widen them (the kernel's {name.rpartition('__')[2]}_bounds), fix the "
+            "parameter with bounds 'fixed', or pass optimizer=None.")
 
 
 def optimize(kernel: Kernel, lml: Likelihood, optimizer: Any, n_restarts: int,
