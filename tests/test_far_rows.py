@@ -289,3 +289,36 @@ def test_knn_block_recomputes_few_pairs_with_one_far_row(far, where, monkeypatch
     np.testing.assert_allclose(dist, ref_dist, rtol=1e-14, atol=0)
     far_query_row = len(Z) if where in ("x", "both") else 0
     assert count <= 1.2 * ordinary + far_query_row, (count, ordinary)
+
+
+def test_rows_just_inside_the_magnitude_limit_give_zeros_not_nan():
+    """Rows under the inputs' limit (3.87e153 at d = 3) whose scaled squared distances
+    still overflow. A Matérn 5/2 kernel is 0 there (∞ · 0 gave NaN: the exact fit failed
+    with 'V contains NaN', predict called the kernel overflowing; scikit-learn's gives
+    NaN); a Gaussian KDE scores -inf, as scikit-learn's (the fused log-sum-exp gave NaN);
+    Nadaraya–Watson's prediction there is NaN with its warning. Other rows unchanged."""
+    from sklearn.gaussian_process.kernels import Matern as SkMatern
+    from sklearn.kernel_ridge import KernelRidge as SkKRR
+    from sklearn.neighbors import KernelDensity as SkKDE
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3))
+    y = np.sin(X).sum(axis=1)
+    far = np.array([[3.8e153, -3.8e153, 3.8e153]])
+    Q = np.vstack([X[:4] + 0.1, far])
+    ref = SkKRR(kernel=SkMatern(1.0, nu=2.5), alpha=0.1).fit(X, y).predict(Q[:4])
+    got = dkern.KernelRidge(K.Matern(1.0, 2.5), alpha=0.1, solver="exact").fit(X, y).predict(Q)
+    np.testing.assert_allclose(got[:4], ref, rtol=1e-12)
+    assert got[4] == 0.0
+    model = dkern.KernelRidge(K.Matern(1.0, 2.5), alpha=0.1, solver="exact").fit(
+        np.vstack([X, far]), np.append(y, 1.0))
+    np.testing.assert_allclose(model.predict(Q[:4]), ref, rtol=1e-12)  # a row far from all
+
+    Xs, Qs = X * 0.1, np.vstack([X[:3] * 0.1, [[3e153, -1e153, 2e153]]])
+    scores = dkern.KernelDensity(bandwidth=0.1).fit(Xs).score_samples(Qs)
+    np.testing.assert_allclose(scores, SkKDE(bandwidth=0.1).fit(Xs).score_samples(Qs),
+                               rtol=1e-12)
+    assert scores[-1] == -np.inf
+    with pytest.warns(RuntimeWarning, match="1 of 4 .* NaN: their squared distances"):
+        nw = dkern.NadarayaWatson(K.Gaussian(0.1)).fit(Xs, y).predict(Qs)
+    assert np.isnan(nw[-1]) and np.isfinite(nw[:3]).all()

@@ -125,6 +125,22 @@ def test_gaussian_log_sums_equal_numpy_also_far_from_the_data(kernel):
                                    rtol=0, atol=1e-12 * max(1.0, np.abs(t).max()))
 
 
+def test_log_sums_of_a_row_whose_every_distance_overflows_are_empty_not_nan():
+    """A query at 3e153 scaled by 0.1: every squared distance overflows to ∞, every log
+    weight is -inf. Its sums are the empty ones, [-inf, 0, 0], as numpy's (the online
+    shift by the maximum -inf gave e^(-inf + inf) = NaN); the other row is unchanged."""
+    x = np.vstack([[3e153, -1e153, 2e153], X[:1]])
+    values = Z[:, :1].copy()
+    got = block_backend("triton").weighted_log_sums(x, Z, values, kernel=Gaussian(1.0),
+                                                    scale=0.1)
+    want = block_backend("numpy").weighted_log_sums(x, Z, values, kernel=Gaussian(1.0),
+                                                    scale=0.1)
+    np.testing.assert_array_equal(got[0], [-np.inf, 0.0, 0.0])
+    np.testing.assert_array_equal(want[0], [-np.inf, 0.0, 0.0])
+    np.testing.assert_allclose(got[1, 0] + np.log(got[1, 1]), want[1, 0] + np.log(want[1, 1]),
+                               rtol=1e-12)
+
+
 def test_box_smoothing_falls_back_to_numpy_logged(caplog, monkeypatch):
     monkeypatch.setattr(keops_backend, "_logged", set())
     with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):

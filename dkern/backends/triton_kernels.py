@@ -93,10 +93,13 @@ def gaussian_log_sums(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr
             L += diff * diff * tl.load(p_ptr + k)
         L = tl.where(cmask[None, :], -0.5 * L, float("-inf"))
         new_top = tl.maximum(top, tl.max(L, axis=1))
-        W = tl.exp(L - new_top[:, None])
+        # no finite weight yet (every distance overflowed): shift by 0, as e^(-inf + inf)
+        # would be NaN; the weights are e^-inf = 0 and the sums stay 0
+        shift = tl.where(new_top > float("-inf"), new_top, 0.0)
+        W = tl.exp(L - shift[:, None])
         V = tl.load(v_ptr + cols[:, None] * T + tcols[None, :],
                     mask=cmask[:, None] & tmask[None, :], other=0.0)
-        sums = sums * tl.exp(top - new_top)[:, None] + tl.dot(W, V, input_precision="ieee")
+        sums = sums * tl.exp(top - shift)[:, None] + tl.dot(W, V, input_precision="ieee")
         top = new_top
     tl.store(out_ptr + rows * (T + 1), top, mask=rmask)
     tl.store(out_ptr + rows[:, None] * (T + 1) + 1 + tcols[None, :], sums,

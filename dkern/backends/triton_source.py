@@ -33,7 +33,7 @@ from ..kernels.constant import Constant, White
 from ..kernels.dot import DotProduct, Linear, Polynomial
 from ..kernels.periodic import Periodic
 from ..kernels.rational import RationalQuadratic
-from ..kernels.stationary import Gaussian, Laplacian, Matern, Stationary
+from ..kernels.stationary import MATERN_FAR, Gaussian, Laplacian, Matern, Stationary
 
 
 @dataclass
@@ -159,7 +159,8 @@ def _matern(k: Stationary, src: TileSource, d: int) -> Tile:
         g = f"tl.where({r} > 0.0, {value} / tl.where({r} > 0.0, {r}, 1.0), 0.0)"
         return value, _lengthscale_grads(k, src, src.let(g) if src.grads else "", s2)
     # a plain float's repr: numpy 2 writes its scalars as np.float64(…), unknown to Triton
-    a = src.let(f"{float(np.sqrt(3.0 if nu == 1.5 else 5.0))!r} * {r}")
+    a = src.let(f"tl.minimum({float(np.sqrt(3.0 if nu == 1.5 else 5.0))!r} * {r}, "
+                f"{MATERN_FAR!r})")  # far pairs: poly · 0, never ∞ · 0
     e = src.let(f"tl.exp(-{a})")
     poly = f"(1.0 + {a})" if nu == 1.5 else f"(1.0 + {a} + {a} * {a} / 3.0)"
     g = f"3.0 * {e}" if nu == 1.5 else f"{5.0 / 3.0!r} * (1.0 + {a}) * {e}"

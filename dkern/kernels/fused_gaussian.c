@@ -116,6 +116,9 @@ static inline void raise_maxima(double e[ROWS][STRIP], int cols, double *out,
             row[0] = top[r];
         }
         shift[r] = r < rows ? row[0] : top[r];  /* a repeated row's weights stay <= 1 */
+        /* no finite weight yet (every distance so far overflowed): exp(-inf - 0) = 0,
+         * where the shift -inf gave exp(-inf + inf) = NaN */
+        if (shift[r] == -INFINITY) shift[r] = 0.0;
     }
 }
 

@@ -250,6 +250,7 @@ class Matern(Stationary):
             return fastexp.exp(R, out=R)
         a = np.sqrt(3.0) if self.nu == 1.5 else np.sqrt(5.0)
         R *= a  # R now holds a·r
+        np.minimum(R, MATERN_FAR, out=R)  # far pairs: poly · 0, never ∞ · 0
         poly = 1.0 + R if self.nu == 1.5 else 1.0 + R + R * R / 3.0
         np.negative(R, out=R)
         fastexp.exp(R, out=R)
@@ -265,6 +266,12 @@ class Matern(Stationary):
         return poly * (-ar).exp()
 
 
+#: Where a Matérn kernel's ``a·r`` is capped: e^{-800} is 0 in float64, so the value
+#: there is exactly 0, and the polynomial stays finite (a pair ~1e154 apart, or one whose
+#: r² overflowed to ∞, gave ∞ · 0 = NaN).
+MATERN_FAR = 800.0
+
+
 def _matern_profile(r: Array, nu: float) -> tuple[Array, Array]:
     """``k(r)`` and ``g(r) = -k'(r) / r`` of the Matérn kernel of smoothness ``nu``."""
     if nu == 0.5:  # k = e^{-r}, g = e^{-r} / r: infinite at r = 0, where s² = 0 (scikit-learn: 0)
@@ -273,6 +280,7 @@ def _matern_profile(r: Array, nu: float) -> tuple[Array, Array]:
             g = np.where(r > 0, K / np.where(r > 0, r, 1.0), 0.0)
         return K, g
     a = np.sqrt(3.0) if nu == 1.5 else np.sqrt(5.0)
+    r = np.minimum(r, MATERN_FAR / a)  # far pairs: poly · 0, never ∞ · 0
     e = np.exp(-a * r)
     if nu == 1.5:  # k = (1 + √3 r) e^{-√3 r}, g = 3 e^{-√3 r}
         return (1.0 + a * r) * e, 3.0 * e

@@ -34,7 +34,8 @@ class KernelDensity(DeclaredState, BaseEstimator):
 
     with k normalised to integrate to 1, so p does too. ``score_samples`` returns
     ``log p(x)`` by a log-sum-exp over the training rows, read chunk by chunk: no
-    underflow to ``-inf`` far from the data with the Gaussian kernel.
+    underflow to ``-inf`` far from the data with the Gaussian kernel (``-inf`` only where
+    ``‖x − xₙ‖² / h²`` overflows float64 for every training row, as scikit-learn's).
 
     Kernels: ``"gaussian"``, ``k(u) = (2π)^{-D/2} exp(-‖u‖²/2)``, equal to
     :class:`sklearn.neighbors.KernelDensity` with ``kernel="gaussian"`` and the same

@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._failures import worker_failures
 from ..backends import resolve_backend
 from ..io import Rows, is_lazy
+from ..kernels import Gaussian
 from ..operators.in_process import pass_scheduler
 from . import _smoothing
 from ._labels import labelled_fit, labelled_output, labelled_score
@@ -35,8 +36,10 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
     The sums are taken in log-scaled form (a softmax-weighted mean), one pass over the
     training rows chunk by chunk: with the Gaussian kernel the prediction stays finite
     and equal to the targets' softmax-weighted mean at any distance from the data (no
-    0/0). Where no training row is within a kernel's reach — the box kernel, or weights
-    that underflow to 0 for a non-Gaussian kernel — the prediction is NaN, deliberately:
+    0/0) whose ``‖x − xₙ‖² / h²`` float64 can hold (below ~1.8e308). Where no training
+    row is within a kernel's reach — the box kernel, weights that underflow to 0 for a
+    non-Gaussian kernel, or that squared distance overflowing for every row — the
+    prediction is NaN, deliberately:
     no number would be right there. For in-memory X ``predict`` also warns with how many
     rows got NaN; for lazy X the NaN rows are the signal.
 
@@ -129,10 +132,12 @@ class NadarayaWatson(DeclaredState, RegressorMixin, BaseEstimator):
             out = pred.compute(scheduler=pass_scheduler())
         missing = int(np.isnan(out.reshape(len(out), -1)[:, 0]).sum())
         if missing:
+            advice = ("their squared distances to every training row, over h², overflow "
+                      "float64: rescale X" if isinstance(kernel, Gaussian) and not box else
+                      f"widen the bandwidth (now {self.bandwidth}) or use the Gaussian kernel")
             warnings.warn(f"NadarayaWatson: {missing} of {len(out)} rows of X have no training "
                           f"row within the kernel's reach (all weights 0); their predictions "
-                          f"are NaN. Widen the bandwidth (now {self.bandwidth}) or use the "
-                          "Gaussian kernel.", RuntimeWarning, stacklevel=2)
+                          f"are NaN: {advice}.", RuntimeWarning, stacklevel=2)
         return out
 
     #: The file :func:`dkern.save` writes: the training rows and targets (``n`` rows, ``d``
