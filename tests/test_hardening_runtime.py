@@ -11,6 +11,7 @@ import time
 import dask
 import pytest
 
+from dkern import cli
 from dkern.errors import MemoryLimitError
 from dkern.io import make_regression_store, open_array
 from dkern.io.synthetic import WRITE_FACTOR, WRITE_OVERHEAD
@@ -91,6 +92,36 @@ def test_connect_to_an_http_server_says_so_within_seconds(http_port, record_figu
     assert address in str(error) and "an HTTP server answered (HTTP/1.0 " in str(error)
     assert elapsed < 5.0
     record_figures("connect_not_a_scheduler", http_server_error_s=round(elapsed, 2))
+
+
+def test_a_websocket_address_of_a_web_server_is_a_connection_error(capsys, tmp_path):
+    """ws:// to a plain web server answering 200: the API raised tornado's bare
+    WebSocketError without the address, and the CLI printed its traceback. The failed
+    client also left itself dask's default scheduler, so every later computation of the
+    process waited for ever (conftest fails a test that leaves it so)."""
+    import functools
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"ws://127.0.0.1:{server.server_address[1]}"
+    error, elapsed = _connect_outcome(address)
+    assert isinstance(error, ConnectionError), error
+    assert address in str(error) and "WebSocketError: Non-websocket response" in str(error)
+    assert elapsed < CONNECT_BOUND_S
+    assert cli.main(["make-data", "--scheduler", address, "--n", "10", "--d", "2",
+                     "--out", str(tmp_path / "unused.zarr")]) != 0
+    server.shutdown()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "could not reach the Dask scheduler" in err
+
+
+def test_an_error_without_a_message_is_named_by_its_type():
+    from dkern.runtime import _reason
+
+    assert _reason(TimeoutError()) == "TimeoutError (no message)"
+    assert _reason(ValueError("Maximum allowed dimension exceeded")) == (
+        "ValueError: Maximum allowed dimension exceeded")
 
 
 def test_connect_to_a_silent_tcp_server_is_refused_in_bounded_time(silent_port,

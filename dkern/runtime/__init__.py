@@ -17,6 +17,7 @@ import dask
 from dask.utils import parse_timedelta
 from distributed import Client, LocalCluster
 from distributed.security import Security
+from tornado.websocket import WebSocketError
 
 from .._closing import settle
 from . import checks, scalars  # noqa: F401  (scalars: registers numpy scalars' serialization)
@@ -261,14 +262,44 @@ def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any
     try:
         # distributed waits without end on a port that is not a scheduler's (probe.py)
         probe_scheduler(address, _connect_timeout(kwargs))
-        return DkernClient(address, **kwargs)
     except NotASchedulerError:
         raise
     except OSError as err:
-        raise ConnectionError(
-            f"could not reach the Dask scheduler at {address!r}: {err}. Start it (see "
-            f"cluster/README.md) or check the address; with no address (and "
-            f"${SCHEDULER_ENV} unset) dkern starts an embedded LocalCluster.") from err
+        raise _unreachable(address, err) from err
+    try:
+        with _scheduler_kept_on_failure():
+            return DkernClient(address, **kwargs)
+    except (OSError, ValueError, WebSocketError) as err:
+        # OSError: refused, timed out, closed (distributed's CommClosedError); ValueError:
+        # bytes that are not Dask's messages; WebSocketError: ws:// to a plain web server
+        raise _unreachable(address, err) from err
+
+
+def _unreachable(address: str, err: BaseException) -> ConnectionError:
+    return ConnectionError(
+        f"could not reach the Dask scheduler at {address!r}: {_reason(err)}. Start it (see "
+        f"cluster/README.md) or check the address; with no address (and ${SCHEDULER_ENV} "
+        "unset) dkern starts an embedded LocalCluster.")
+
+
+@contextlib.contextmanager
+def _scheduler_kept_on_failure() -> Iterator[None]:
+    """Dask's default scheduler as it was, when the client being made fails: distributed's
+    Client makes itself the default before it connects and leaves it so when it cannot,
+    and every later dask computation of the process then waited for a client that never
+    came (ws:// to a web server, tls:// to a plain port)."""
+    before = dask.config.get("scheduler", None)
+    try:
+        yield
+    except BaseException:
+        dask.config.set(scheduler=before)
+        raise
+
+
+def _reason(err: BaseException) -> str:
+    """What went wrong, by its type and message (some of distributed's have no message)."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text}" if text else f"{type(err).__name__} (no message)"
 
 
 def _check_tls_settings(address: str, kwargs: dict[str, Any]) -> None:
