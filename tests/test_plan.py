@@ -55,11 +55,16 @@ def _usage_error(argv: list[str], capsys) -> str:
     (["plan", "fit"], "--data and --x"),
     (["plan", "fit", "--n", "1000"], "--n and --d"),
     (["plan", "fit", "--n", "-5", "--d", "8"], "must be a positive integer; got -5"),
+    # it said "invalid positive_int value": the helper's name, and no fix (1e6 is taken)
+    (["plan", "fit", "--n", "1.5", "--d", "8"], "expected an integer such as 1000 or 1e6"),
     (["plan", "fit", "--n", "1000", "--d", "8", "--solver", "falkon"], "invalid choice: 'falkon'"),
     (["plan", "fit", "--data", "store.zarr"], "add --x"),
     (["plan", "predict", "--test-rows", "10"], "--model"),
     (["plan", "predict", "--d", "8", "--centers", "100"], "--test-rows"),
     (["plan", "fit", "--n", "10", "--d", "2", "--memory-limit", "lots"], "4GB"),
+    # 1e400GB parses as an infinite size: OverflowError and a traceback before
+    (["plan", "fit", "--n", "10", "--d", "2", "--memory-limit", "1e400GB"], "4GB"),
+    (["plan", "fit", "--n", "10", "--d", "2", "--memory-limit", "1e20GB"], "below 8 EiB"),
     (["plan", "fit", "--n", "10", "--d", "2", "--tol", "inf"],
      "--tol: must be a finite number > 0; got inf"),
     (["plan", "predict", "--n", "100", "--d", "2", "--test-rows", "10", "--std"],
@@ -136,6 +141,15 @@ def test_auto_resolves_as_the_estimators_do():
     assert "solver 'exact'" in plan_fit(Data(5000, 4, 5000), TWO, FAKE).assumptions[0]
     assert "solver 'cg'" in plan_fit(Data(50_000, 4, 10_000), TWO, FAKE).assumptions[0]
     assert "M = 300" in plan_fit(Data(50_000, 4, 10_000), TWO, FAKE, centers=300).assumptions[0]
+
+
+def test_a_worker_short_of_its_idle_memory_is_told_once_to_raise_the_limit(cache):
+    """The advice for the largest part, 'idle', is a larger --memory-limit: it was then
+    said twice ('use a larger --memory-limit, or a larger --memory-limit')."""
+    tiny = dataclasses.replace(TWO, memory_limit=1000)
+    (warning,) = [w for w in plan_predict(Data(1000, 8, 1000), tiny, FAKE, kind="sgpr",
+                                          columns=30).warnings if "pause" in w]
+    assert "'idle'" in warning and warning.count("--memory-limit") == 2, warning  # its own
 
 
 def test_memory_warning_when_the_limit_is_below_the_estimate(capsys, cache):
@@ -329,3 +343,10 @@ def test_plans_of_any_chunk_count_cost_the_same():
     for groups, slots in [([(1.0, 10)], 4), ([(2.0, 8), (1.0, 3)], 4), ([(3.0, 5), (0.5, 1)], 5)]:
         flat = [seconds for seconds, count in groups for _ in range(count)]
         assert makespan(groups, slots) == greedy(flat, slots)
+
+
+def test_counts_are_taken_in_exponent_form():
+    from dkern.cli._common import nonnegative_int, positive_int
+
+    assert positive_int("1e6") == 1_000_000 and positive_int("2000") == 2000
+    assert nonnegative_int("0") == 0 and nonnegative_int("1E3") == 1000

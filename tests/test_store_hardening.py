@@ -455,3 +455,16 @@ def test_links_inside_an_array_folder_are_refused(tmp_path, what):
         open_array(url, "X")
     code = check_store(url)
     assert not code.ok and "symbolic link" in code.damage[0]
+
+
+@pytest.mark.parametrize("run", [check_store, clean_store])
+def test_a_group_leading_out_of_the_store_is_refused_by_fsck_as_such(tmp_path, run):
+    """``--group ../decoy``: refused and nothing outside touched, as before, but the
+    message called the decoy's metadata damaged ('restore the file from a backup'); it now
+    names the '..' component, as writes do."""
+    url = str(tmp_path / "store")
+    write_array(np.ones(3), url, "X")
+    write_array(np.ones(3), str(tmp_path / "decoy"), "Y")
+    with pytest.raises(ValueError, match=r"got '\.\./decoy' \(component '\.\.'\)"):
+        run(url, "../decoy")
+    np.testing.assert_array_equal(open_array(str(tmp_path / "decoy"), "Y"), 1.0)

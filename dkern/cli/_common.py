@@ -45,17 +45,33 @@ class DefaultsHelp(argparse.HelpFormatter):
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer; got {text}")
     return value
 
 
 def nonnegative_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0; got {text}")
     return value
+
+
+def _integer(text: str) -> int:
+    """An integer written as one (``1000000``) or in exponent form (``1e6``, as row counts
+    are often written); anything else is a usage error saying what was expected."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():  # NaN, inf and fractions too
+        raise argparse.ArgumentTypeError(f"expected an integer such as 1000 or 1e6; got {text!r}")
+    return int(value)
 
 
 def nonnegative_float(text: str) -> float:

@@ -428,6 +428,24 @@ def check_entries(arrays: Any, url: str, group: str) -> None:
                            [VERSIONS_DIR, version, name])
 
 
+def checked_group(group: str) -> str:
+    """``group`` without outer slashes; ValueError for a component that is empty, ``..``,
+    or starts with ``'.'`` or ``'__'`` (dkern's hidden version tree and zarr's own names)."""
+    if not isinstance(group, str):
+        raise TypeError(f"group must be a str such as 'models/krr'; got {type(group).__name__}.")
+    parts = group.strip("/").split("/") if group.strip("/") else []
+    bad = [p for p in parts if not p or reserved_name(p)]
+    if bad:
+        raise ValueError(
+            f"group path components must be non-empty, hold no '\\', start with neither '.', "
+            f"'__' nor 'zarr.' and not end in '.partial'; got {group!r} (component "
+            f"{bad[0]!r}). Choose "
+            "another name: names starting with '.' are dkern's hidden version folders, "
+            "'zarr.json' is a group's metadata file, '*.partial' a killed write's leftover."
+        )
+    return "/".join(parts)
+
+
 def reserved_name(name: str) -> bool:
     """Whether a name clashes with zarr's or dkern's own files in a group's folder, or
     holds a backslash (zarr reads it as a path separator: the array would be written

@@ -36,6 +36,7 @@ from dkern.io._store import (
     VERSIONS_DIR,
     Url,
     check_no_links,
+    checked_group,
     local_dir,
     open_group,
     plain_members,
@@ -120,7 +121,7 @@ def check_store(url: Url, group: str = "") -> StoreReport:
     """
     url = os.fspath(url)
     report = StoreReport(url)
-    for path in _groups(url, group.strip("/")):
+    for path in _groups(url, checked_group(group)):
         try:
             root = open_group(url, path, mode="r")
             pointer = read_pointer(root, url, path)
@@ -203,7 +204,7 @@ def clean_store(
     url = os.fspath(url)
     removed: list[str] = []
     refused: list[str] = []
-    for path in _groups(url, group.strip("/")):
+    for path in _groups(url, checked_group(group)):
         age = min_age if min_age is not None else (
             LOCAL_GRACE_S if local_dir(url, path) is not None else REMOTE_GRACE_S)
         # A dry run takes no publish lock: taking it creates the group's .dkern folder.

@@ -51,6 +51,7 @@ from dkern.io._store import (
     Url,
     check_no_links,
     check_not_zarr_v2,
+    checked_group,
     file_digest,
     find_group,
     local_dir,
@@ -143,7 +144,7 @@ def write_arrays(
     (:mod:`dkern.io._visible`).
     """
     url = os.fspath(url)
-    group = _checked_group(group)
+    group = checked_group(group)
     items = _checked_items(arrays)
     base = local_dir(url, "")
     if base is not None:  # a group or version folder that is a link would lead elsewhere
@@ -275,24 +276,6 @@ def _names_per_array(mapping: Mapping[str, Sequence[str]] | None, items: list[tu
             raise ValueError(f"{option}[{name!r}] must be {rule}; got {value!r}.")
         checked[name] = names
     return checked
-
-
-def _checked_group(group: str) -> str:
-    """``group`` without outer slashes; ValueError for a component that is empty, ``..``,
-    or starts with ``'.'`` or ``'__'`` (dkern's hidden version tree and zarr's own names)."""
-    if not isinstance(group, str):
-        raise TypeError(f"group must be a str such as 'models/krr'; got {type(group).__name__}.")
-    parts = group.strip("/").split("/") if group.strip("/") else []
-    bad = [p for p in parts if not p or reserved_name(p)]
-    if bad:
-        raise ValueError(
-            f"group path components must be non-empty, hold no '\\', start with neither '.', "
-            f"'__' nor 'zarr.' and not end in '.partial'; got {group!r} (component "
-            f"{bad[0]!r}). Choose "
-            "another name: names starting with '.' are dkern's hidden version folders, "
-            "'zarr.json' is a group's metadata file, '*.partial' a killed write's leftover."
-        )
-    return "/".join(parts)
 
 
 def _checked_attrs(attrs: Mapping[str, Any] | None) -> dict[str, Any]:

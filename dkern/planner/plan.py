@@ -152,8 +152,8 @@ def memory_warnings(plan: Plan, data: Data, rates: Rates) -> list[str]:
         out.append(f"memory: a worker needs about {plan.worker_memory_bytes / 1e9:.2f} GB at "
                    f"its peak, over the {pause / 1e9:.2f} GB ({PAUSE_FRACTION:.0%} of "
                    f"--memory-limit {cluster.memory_limit / 1e9:.2f} GB) where workers pause; "
-                   f"the largest part is {part!r}: use {_MEMORY_ADVICE[part]}, or a larger "
-                   "--memory-limit")
+                   f"the largest part is {part!r}: use {_MEMORY_ADVICE[part]}"
+                   + ("" if part == "idle" else ", or a larger --memory-limit"))
     total = psutil.virtual_memory().total
     if plan.client_memory_bytes > PAUSE_FRACTION * total:
         out.append(f"memory: the client (this process) needs about "
