@@ -84,17 +84,17 @@ def test_falkon_resumes_where_it_stopped_and_ends_bitwise_equal(sync_scheduler, 
     np.testing.assert_array_equal(out.residuals, ref.residuals)
 
 
-def test_a_checkpoint_whose_residual_is_not_its_iterate_s_restarts_from_the_true_one(
-        problem, tmp_path, caplog):
+def test_a_checkpoint_whose_residual_is_not_its_iterate_s_is_not_called_converged(
+        problem, tmp_path):
     """A finished solve's checkpoint, its iterate doubled and marked unfinished (written
     with dkern's own writer, so every checksum holds): the resumed solve used to stop at
-    once on the saved residual, "converged", 1.8 from the solution. Now a saved residual
-    is never taken as true: the first check computes B − A X, finds the mismatch, and CG
-    restarts from the true residual to the same solution."""
+    once on the saved residual, "converged", 1.8 from the solution. A saved residual is no
+    longer taken as true: the first true residual shows the jump, and the solve ends
+    unconverged with a ConvergenceWarning, not a silent wrong answer."""
+    from dkern.errors import ConvergenceWarning
     from dkern.io import open_array, read_attrs, read_manifest, write_arrays
 
     A, _, y = problem
-    ref = cg(A, y, tol=1e-8)
     ck = str(tmp_path / "ck")
     cg(A, y, tol=1e-8, checkpoint=ck, checkpoint_every=10)
     attrs = read_attrs(ck)
@@ -105,12 +105,9 @@ def test_a_checkpoint_whose_residual_is_not_its_iterate_s_restarts_from_the_true
     forged = {**meta, "complete": False, "arrays": sorted(set(vectors) - {"history"})}
     write_arrays(ck, vectors, attrs={**attrs, "dkern_checkpoint": forged}, overwrite=True,
                  replace_all=True)
-    with caplog.at_level("WARNING", logger="dkern.solvers.cg"):
+    with pytest.warns(ConvergenceWarning, match="above tol"):
         out = cg(A, y, tol=1e-8, checkpoint=ck, checkpoint_every=10)
-    assert "did not match its iterate's" in caplog.text
-    assert out.converged.all()
-    np.testing.assert_allclose(out.x.compute(), ref.x.compute(), rtol=0,
-                               atol=1e-6 * np.abs(ref.x.compute()).max())
+    assert not out.converged.any() and out.residuals[-1].max() > 1e-3
 
 
 def test_checkpoint_of_another_problem_is_refused(problem, tmp_path):

@@ -322,3 +322,15 @@ def test_rows_just_inside_the_magnitude_limit_give_zeros_not_nan():
     with pytest.warns(RuntimeWarning, match="1 of 4 .* NaN: their squared distances"):
         nw = dkern.NadarayaWatson(K.Gaussian(0.1)).fit(Xs, y).predict(Qs)
     assert np.isnan(nw[-1]) and np.isfinite(nw[:3]).all()
+
+    # KeOps, which backend="auto" takes first on a GPU: the same values (it gave NaN for
+    # the score and refused the Matérn product as overflowing)
+    from dkern.backends import block_backend
+
+    keops, numpy_ = block_backend("keops"), block_backend("numpy")
+    v = np.ones((len(X), 1))
+    np.testing.assert_allclose(keops.kernel_matvec(Q, X, v, kernel=K.Matern(1.0, 2.5)),
+                               numpy_.kernel_matvec(Q, X, v, kernel=K.Matern(1.0, 2.5)),
+                               rtol=1e-12)
+    sums = keops.weighted_log_sums(Qs, Xs, kernel=K.Gaussian(1.0), scale=0.1)
+    np.testing.assert_array_equal(sums[-1], [-np.inf, 0.0])

@@ -9,6 +9,7 @@ import threading
 import time
 
 import dask
+import distributed
 import pytest
 
 from dkern import cli
@@ -97,8 +98,8 @@ def test_connect_to_an_http_server_says_so_within_seconds(http_port, record_figu
 def test_a_websocket_address_of_a_web_server_is_a_connection_error(capsys, tmp_path):
     """ws:// to a plain web server answering 200: the API raised tornado's bare
     WebSocketError without the address, and the CLI printed its traceback. The failed
-    client also left itself dask's default scheduler, so every later computation of the
-    process waited for ever (conftest fails a test that leaves it so)."""
+    client also stayed the process's default client, so every later computation of the
+    process waited on it for ever."""
     import functools
 
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path)
@@ -107,6 +108,8 @@ def test_a_websocket_address_of_a_web_server_is_a_connection_error(capsys, tmp_p
     address = f"ws://127.0.0.1:{server.server_address[1]}"
     error, elapsed = _connect_outcome(address)
     assert isinstance(error, ConnectionError), error
+    with pytest.raises(ValueError, match="No clients found"):  # the failed one is not kept
+        distributed.default_client()
     assert address in str(error) and "WebSocketError: Non-websocket response" in str(error)
     assert elapsed < CONNECT_BOUND_S
     assert cli.main(["make-data", "--scheduler", address, "--n", "10", "--d", "2",

@@ -468,3 +468,16 @@ def test_a_group_leading_out_of_the_store_is_refused_by_fsck_as_such(tmp_path, r
     with pytest.raises(ValueError, match=r"got '\.\./decoy' \(component '\.\.'\)"):
         run(url, "../decoy")
     np.testing.assert_array_equal(open_array(str(tmp_path / "decoy"), "Y"), 1.0)
+
+
+def test_a_read_of_a_group_above_the_store_names_the_component(tmp_path):
+    """read_attrs(url, '../decoy') called the decoy's metadata damaged ('restore the file
+    from a backup'): every group path with a '.' or '..' component is refused as such."""
+    from dkern.io import read_attrs
+
+    url = str(tmp_path / "store")
+    write_array(np.ones(3), url, "X")
+    write_array(np.ones(3), str(tmp_path / "decoy"), "Y")
+    for group in ("../decoy", "a/../../decoy", "./x"):
+        with pytest.raises(ValueError, match=r"has a '\.\.?' component: a group path names"):
+            read_attrs(url, group)

@@ -283,7 +283,7 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
         except NoTritonSource as why:
             log_fallback_once("sparse GP statistics", str(why), backend="triton")
             return super().sgpr_statistics(x, z, y, L, kernel=kernel, tile=tile)
-        return finite_values(out, kernel, x, z, y)
+        return finite_values(out, kernel, x, z, y, computed_in=np.result_type(x, z))
 
     def sgpr_predict(self, x: np.ndarray, z: np.ndarray, L: np.ndarray, LB: np.ndarray,
                      c: np.ndarray, *, kernel: Kernel, tile: int) -> np.ndarray:
@@ -295,7 +295,7 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
         except NoTritonSource as why:
             log_fallback_once("sparse GP predictions", str(why), backend="triton")
             return super().sgpr_predict(x, z, L, LB, c, kernel=kernel, tile=tile)
-        return finite_values(out, kernel, x, z)
+        return finite_values(out, kernel, x, z, computed_in=np.result_type(x, z))
 
     def sgpr_gradient(self, x: np.ndarray, z: np.ndarray, y: np.ndarray, knu: np.ndarray,
                       ky: np.ndarray, *, kernel: Kernel, gradient: Callable[..., np.ndarray],
@@ -313,7 +313,7 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
             log_fallback_once("sparse GP bound gradients", str(why), backend="triton")
             return super().sgpr_gradient(x, z, y, knu, ky, kernel=kernel, gradient=gradient,
                                          p=p, tile=tile)
-        return finite_values(out, kernel, x, z)
+        return finite_values(out, kernel, x, z, computed_in=np.result_type(x, z))
 
     def kernel_grad_matvec(self, x: np.ndarray, z: np.ndarray, v: np.ndarray, *,
                            kernel: Kernel, tile: int | None = None) -> np.ndarray:
@@ -322,7 +322,7 @@ class TritonBlocks(FusedProjections, NumpyBlocks):
         except NoTritonSource as why:
             log_fallback_once("kernel derivative products", str(why), backend="triton")
             return super().kernel_grad_matvec(x, z, v, kernel=kernel, tile=tile)
-        return finite_values(out, kernel, x, z, v)
+        return finite_values(out, kernel, x, z, v, computed_in=np.result_type(x, z))
 
 
 _BLOCKS: dict[str, BlockBackend] = {"numpy": NumpyBlocks(), "keops": KeopsBlocks(),

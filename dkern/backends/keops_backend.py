@@ -126,7 +126,11 @@ def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = No
     weights = LazyTensor(np.ascontiguousarray(values)[None, :, :])
     with _first_call_locked(("lse", log_k.formula, x.shape[1], values.shape[1])):
         out = log_k.reduction("Max_SumShiftExpWeight", other=weights, axis=1)
-    return np.asarray(out, dtype=np.float64).reshape(len(x), 1 + values.shape[1])
+    out = np.asarray(out, dtype=np.float64).reshape(len(x), 1 + values.shape[1])
+    # a row whose every squared distance overflowed (maximum -inf): KeOps' shift by it
+    # gives e^(-inf + inf) = NaN; its sums are the empty ones, as numpy's
+    out[out[:, 0] == -np.inf, 1:] = 0.0
+    return out
 
 
 def nearest_block_keops(x: np.ndarray, z: np.ndarray, limit: np.ndarray, index: np.ndarray,

@@ -81,8 +81,8 @@ def _bytes(text: str) -> int:
     except (ValueError, OverflowError):  # OverflowError: 1e400GB is an infinite size
         raise argparse.ArgumentTypeError(
             f"expected a size such as 4GB or 512MiB; got {text!r}") from None
-    if value > 2**63:
-        raise argparse.ArgumentTypeError(f"expected a size below 8 EiB; got {text!r}")
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a size below 9e9 GB; got {text!r}")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive size; got {text!r}")
     return int(value)

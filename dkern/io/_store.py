@@ -147,6 +147,11 @@ def _zarr_v2_node(store: Store, group: str) -> tuple[str, str] | None:
 
 
 def _open(url: str, group: str, mode: Literal["r", "a"]) -> zarr.Group:
+    up = [part for part in group.split("/") if part in (".", "..")]
+    if up:  # zarr's path check would be reported below as damaged metadata
+        raise ValueError(f"group {group!r} has a {up[0]!r} component: a group path names a "
+                         "group inside the store, never one above it. Pass the other store's "
+                         "own URL instead.")
     store = make_store(url, read_only=mode == "r")
     try:
         return zarr.open_group(store=store, path=group, mode=mode, zarr_format=3)

@@ -261,7 +261,7 @@ class Matern(Stationary):
         if self.nu == 0.5:
             return (-r).exp()
         a = float(np.sqrt(3.0) if self.nu == 1.5 else np.sqrt(5.0))
-        ar = a * r
+        ar = (a * r).clamp(0.0, MATERN_FAR)  # far pairs: poly · 0, never ∞ · 0
         poly = 1.0 + ar if self.nu == 1.5 else 1.0 + ar + ar * ar / 3.0
         return poly * (-ar).exp()
 

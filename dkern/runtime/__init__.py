@@ -157,6 +157,18 @@ class DkernClient(Client):
     #: The cluster connect() started for this client (None for a remote scheduler).
     started_cluster: Any = None
 
+    def start(self, **kwargs: Any) -> None:
+        """distributed's start; a client that fails to connect closes itself. distributed
+        makes a client the process's default before it connects and leaves a failed one
+        so: every later dask computation of the process then waited on it for ever
+        (ws:// to a web server, tls:// to a plain port)."""
+        try:
+            super().start(**kwargs)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.close(timeout=5)
+            raise
+
     def close(self, *args: Any, **kwargs: Any) -> Any:
         if self.status == "running" and not self.asynchronous and not sys.is_finalizing():
             settle(self.id)
@@ -267,8 +279,7 @@ def _remote(address: str, deserializers: list[str] | None, kwargs: dict[str, Any
     except OSError as err:
         raise _unreachable(address, err) from err
     try:
-        with _scheduler_kept_on_failure():
-            return DkernClient(address, **kwargs)
+        return DkernClient(address, **kwargs)
     except (OSError, ValueError, WebSocketError) as err:
         # OSError: refused, timed out, closed (distributed's CommClosedError); ValueError:
         # bytes that are not Dask's messages; WebSocketError: ws:// to a plain web server
@@ -280,20 +291,6 @@ def _unreachable(address: str, err: BaseException) -> ConnectionError:
         f"could not reach the Dask scheduler at {address!r}: {_reason(err)}. Start it (see "
         f"cluster/README.md) or check the address; with no address (and ${SCHEDULER_ENV} "
         "unset) dkern starts an embedded LocalCluster.")
-
-
-@contextlib.contextmanager
-def _scheduler_kept_on_failure() -> Iterator[None]:
-    """Dask's default scheduler as it was, when the client being made fails: distributed's
-    Client makes itself the default before it connects and leaves it so when it cannot,
-    and every later dask computation of the process then waited for a client that never
-    came (ws:// to a web server, tls:// to a plain port)."""
-    before = dask.config.get("scheduler", None)
-    try:
-        yield
-    except BaseException:
-        dask.config.set(scheduler=before)
-        raise
 
 
 def _reason(err: BaseException) -> str:

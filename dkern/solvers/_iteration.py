@@ -236,7 +236,6 @@ class _LoopState:
         self.gamma0 = np.zeros_like(self.bnorm)
         self.k, self.since_refresh = 0, 0
         self.is_true, self.verify, self.replacing = True, False, False
-        self.resumed = False  # until the first true residual after a resume (_restore)
         if saved is not None:
             self._restore(saved)
 
@@ -259,8 +258,8 @@ class _LoopState:
         # computed from the saved X. Checkpoints are saved after a step, where it is not
         # true anyway, so an honest resume takes the same steps; one whose R does not
         # belong to its X (edited, or a finished solve's marked unfinished) no longer ends
-        # "converged" on it, and restarts from the true residual (check_true).
-        self.is_true, self.resumed = False, True
+        # "converged" on it: the true residual's jump reads as a stall, which warns.
+        self.is_true = False
         self.gamma_old, self.was_active = state["gamma_old"], state["was_active"]
         self.stalled, self.last_failed = state["stalled"], state["last_failed"]
         self.rel, self.replaced = state["rel"], [(int(i), r) for i, r in state["replaced"]]
@@ -293,17 +292,6 @@ class _LoopState:
         recursive, self.rel = self.rel, np.sqrt(rho) / self.bnorm
         self.history[self.k:] = [self.rel]
         failed = self.rel > tol
-        if self.resumed and (failed & (self.rel > STALL_GAP * recursive)).any():
-            # the saved residual was not the saved iterate's: restart CG from the true one
-            # (its directions were built on the wrong residual), not a stall
-            logger.warning("the checkpoint's residual (%.1e) did not match its iterate's "
-                           "(%.1e): CG restarts from the iterate", recursive.max(),
-                           self.rel.max())
-            self.P = self.S = None  # and the stall record, which was of that residual
-            self.stalled[:], self.last_failed[:], self.replaced = False, np.inf, []
-            self.resumed = self.verify = False
-            return self.k >= max_iter
-        self.resumed = False
         self.stalled |= failed & ((self.rel > STALL_GAP * recursive)
                                   | (self.rel > STALL_GAIN * self.last_failed))
         self.last_failed = np.where(failed, self.rel, np.inf)
