@@ -401,3 +401,18 @@ def test_hidden_or_escaping_group_paths_are_refused_before_writing(tmp_path, pat
     with pytest.raises(ValueError, match="group path components must be non-empty"):
         write_array(np.ones(4), url, path)
     assert list_arrays(url) == ["keep"] and check_store(url).ok
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (5, 0), (0,), (2, 0, 4)])
+def test_empty_arrays_are_written_and_read_back(tmp_path, shape):
+    """An array with no element has no chunk. Its write failed, saying the chunk had
+    'vanished right after it was written' (zarr writes nothing for an empty region), and
+    nothing was published; it is now stored with an empty checksum list, beside others."""
+    url = str(tmp_path / "s.zarr")
+    write_arrays(url, {"E": np.zeros(shape), "Y": np.arange(4.0)})
+    write_arrays(url, {"L": da.zeros(shape, chunks=1)})
+    for name in ("E", "L"):
+        got = open_array(url, name).compute()
+        assert got.shape == shape and got.dtype == np.float64
+    np.testing.assert_array_equal(open_array(url, "Y"), np.arange(4.0))
+    assert check_store(url).ok

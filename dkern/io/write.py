@@ -448,9 +448,12 @@ def _write_version(url: str, group: str, folder: str, sources: dict[str, da.Arra
         )
         for name, x in sources.items()
     }
+    filled = [name for name, x in sources.items() if x.size]  # an empty array has no chunk
     with worker_failures():
-        tails = da.compute(*[_chunks_written(x, targets[name]) for name, x in sources.items()])
-    for z, crc in zip(targets.values(), tails, strict=True):
+        written = dict(zip(filled, da.compute(*[_chunks_written(sources[name], targets[name])
+                                                 for name in filled]), strict=True))
+    for name, z in targets.items():
+        crc = written.get(name, np.zeros(0, np.uint32))
         # Recorded in the array's own metadata, whose digest the pointer holds: a chunk is
         # then bound to its array, its position and this version (see read.py).
         z.update_attributes({CHUNK_CRCS: crc.reshape(-1).tolist()})
