@@ -198,6 +198,32 @@ def test_in_memory_rows_reach_the_cluster_without_the_large_graph_warning(cluste
     assert [w for w in caught if "large graph" in str(w.message)]
 
 
+
+@pytest.mark.distributed
+def test_a_large_broadcast_factor_reaches_the_cluster_without_the_large_graph_warning(
+        cluster_client):
+    """An exact GP's predictions broadcast its n x n factor to every test chunk: at
+    n = 1,200 that is 11.5 MB, past distributed's 10 MB warning, which advised the user to
+    load the data with dask (the factor is dkern's, not theirs). Sent before the graph, it
+    raises no warning, and the mean and std on lazy test points equal scikit-learn's."""
+    from sklearn.gaussian_process import GaussianProcessRegressor as SkGPR
+    from sklearn.gaussian_process.kernels import RBF
+
+    from dkern.models import GaussianProcessRegressor
+
+    rng = np.random.default_rng(3)
+    Xf, Xt = rng.normal(size=(1_200, 3)), rng.normal(size=(3_000, 3))
+    yf = np.sin(Xf[:, 0]) + 0.1 * rng.normal(size=1_200)
+    gp = GaussianProcessRegressor(kernel=Gaussian(1.3), alpha=0.05, optimizer=None).fit(Xf, yf)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mean, std = dask.compute(*gp.predict(da.from_array(Xt, chunks=1_000), return_std=True))
+    assert not [w for w in caught if "large graph" in str(w.message)]
+    sk = SkGPR(RBF(1.3), alpha=0.05, optimizer=None).fit(Xf, yf)
+    sk_mean, sk_std = sk.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mean, sk_mean, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(std, sk_std, rtol=0, atol=1e-9)
+
 def test_threads_persisting_rows_at_once_restore_the_warning_threshold():
     """dask's config is one dict per process: two threads persisting rows at once, the first
     leaving while the second still persists, keep the second's raise until it leaves, and

@@ -119,11 +119,10 @@ def solver_arguments(parser: argparse.ArgumentParser, *, tol: float,
 # --- the cluster -----------------------------------------------------------------------
 
 
-#: distributed warns of graphs over 10 MB and advises scattering the data; the sparse GP's
-#: two M x M factors pass that from M = 800 (a million rows' default centres), and they go
-#: into the graph on purpose: once per pass, and recomputable after a lost worker, which
-#: scattered data is not. A command's user can do nothing about it, so only larger graphs
-#: are reported.
+#: distributed warns of graphs over 10 MB and advises scattering the data. dkern sends its
+#: own large arrays (in-memory rows, a pass's broadcast factors) to the cluster before the
+#: graphs that use them, on purpose not scattered (recomputable after a lost worker); a
+#: command's user can do nothing about a graph of dkern's, so only larger graphs are reported.
 LARGE_GRAPH_WARNING = "1GB"
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 
 from ..kernels import Gaussian, Kernel
 from ..kernels.profiles import PROFILES, RadialProfile
 from ..operators import data_rows
-from ..operators.base import client_data_in_graph
+from ..operators.base import sent_once
 from ..operators.in_process import in_process, pass_scheduler
 from ..operators.reductions import kernel_log_sums
 from ._validation import finite_number
@@ -69,9 +68,7 @@ def log_sums(queries: Any, training: Any, targets: Any = None, *, kernel: Kernel
         T = targets.reshape(targets.shape[0], -1).astype(np.float64).rechunk((X.chunks[0], -1))
     elif targets is not None:  # sent to the workers once, like data_rows' in-memory rows
         values = np.asarray(targets, dtype=np.float64).reshape(len(targets), -1)
-        with client_data_in_graph(values.nbytes):
-            (T,) = dask.persist(da.from_array(values, chunks=(X.chunks[0], -1)),
-                                scheduler=pass_scheduler())
+        T = sent_once(da.from_array(values, chunks=(X.chunks[0], -1)))
     return kernel_log_sums(Q, X, T, kernel=kernel, box_width=1.0 if box else None,
                            scale=bandwidth, name=name, backend=backend)
 

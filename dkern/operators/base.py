@@ -33,11 +33,16 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
     Xd = as_rows(X, name=name, dtype=dtype, check_finite=check_finite)
     Xd = Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
     check_row_chunks(Xd, name)
-    if is_lazy(X):
-        return Xd
-    with client_data_in_graph(Xd.nbytes):
-        (Xd,) = dask.persist(Xd, scheduler=pass_scheduler())  # here, in an in-process pass
-    return Xd
+    return Xd if is_lazy(X) else sent_once(Xd)
+
+
+def sent_once(array: da.Array) -> da.Array:
+    """A dask array built on client data, persisted: on a distributed cluster its chunks
+    go to the workers now, in one graph, and every later graph names them by key instead
+    of carrying the data again (in an in-process pass it stays in this process)."""
+    with client_data_in_graph(array.nbytes):
+        (array,) = dask.persist(array, scheduler=pass_scheduler())
+    return array
 
 
 #: distributed warns of a graph over this size (10 MB by default), advising to load the

@@ -46,12 +46,15 @@ import numpy as np
 from dask.base import tokenize
 
 from .._failures import Side, register_blocks
+from .base import sent_once
 
 __all__ = ["pairwise_map", "pairwise_reduce", "pairwise_rows"]
 
 Combine = Callable[..., np.ndarray]  # f(x, axis=..., keepdims=...), as np.sum
 Operand = tuple[da.Array, Literal["rows", "cols"]]
 Broadcast = Mapping[str, "np.ndarray | da.Array"]
+#: A broadcast client array this large is sent before the graph that uses it (_single_chunk).
+SENT_BEFORE_BYTES = 2**20
 
 
 def pairwise_reduce(block: Callable[..., Any], rows: da.Array, cols: da.Array,
@@ -275,10 +278,15 @@ def _broadcast_args(broadcast: Broadcast | None) -> tuple[tuple[str, ...], list[
 
 
 def _single_chunk(key: str, value: Any) -> da.Array:
-    """A client array as a one-chunk dask array named by its content (sent once)."""
+    """A client array as a one-chunk dask array named by its content.
+
+    One of a MiB or more is sent to the cluster before the pass's graph (an exact GP's
+    factor is n² floats): otherwise the graph carries it, and distributed warns of a large
+    graph the user can do nothing about.
+    """
     array = np.asarray(value)
-    return da.from_array(array, chunks=array.shape,
-                         name=f"dk-bc-{key}-{tokenize(array)}")
+    chunk = da.from_array(array, chunks=array.shape, name=f"dk-bc-{key}-{tokenize(array)}")
+    return sent_once(chunk) if array.nbytes >= SENT_BEFORE_BYTES else chunk
 
 
 def _indexed(rows: da.Array, cols: da.Array | None,
