@@ -464,3 +464,39 @@ def test_a_file_holds_what_its_class_declares(tmp_path, fitted_model):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
         else:
             assert got == want or (want != want and got != got), name  # NaN == NaN
+
+
+def _rewritten_with(url, name, index, value):
+    """The model file at ``url`` written again by dkern's own writer (so every checksum
+    holds) with ``array[index] = value``: an edit the checksums cannot see."""
+    from dkern.io import list_arrays, open_array, read_attrs, write_arrays
+
+    attrs = read_attrs(url)
+    arrays = {n: np.asarray(open_array(url, n)) for n in list_arrays(url)}
+    arrays[name] = arrays[name].copy()
+    arrays[name][index] = value
+    write_arrays(url, arrays, attrs=attrs, overwrite=True)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_model_file_holding_nan_or_inf_is_refused(tmp_path, value):
+    """fit never stores NaN or infinity; a file holding them (here with valid checksums)
+    gave NaN standard deviations without a word. An in-memory array (the exact GP's factor)
+    is now refused at load; a lazy one (training rows that were a dask array) was already
+    refused as it is read, like any lazy operand."""
+    gp = dkern.GaussianProcessRegressor(Gaussian(1.0), alpha=0.1, solver="exact",
+                                        optimizer=None).fit(X[:60], Y[:60, 0])
+    url, _ = roundtrip(gp, tmp_path, "gp.zarr")
+    _rewritten_with(url, "L", (3, 1), value)
+    with pytest.raises(StoreError, match=r"the model's array 'L' holds NaN or infinity \(1 "
+                                         r"values\).*edited or damaged"):
+        dkern.load(url)
+    kde = dkern.KernelDensity(bandwidth=0.5).fit(da.from_array(X, chunks=100))
+    url, loaded = roundtrip(kde, tmp_path, "kde.zarr")
+    np.testing.assert_allclose(loaded.score_samples(X_NEW), kde.score_samples(X_NEW),
+                               rtol=1e-12)
+    _rewritten_with(url, "X_fit", (250, 2), value)
+    loaded = dkern.load(url)  # lazy: read, and checked, by the pass
+    with pytest.raises(ValueError, match=r"X_fit contains NaN or infinity in rows \[0, 300\) "
+                                         r"\(first at row 250\)"):
+        np.asarray(loaded.score_samples(X_NEW))

@@ -326,5 +326,17 @@ def _read_arrays(version: GroupVersion, names: list[str], fitted: dict[str, Any]
 
 
 def _read(version: GroupVersion, name: str, *, lazy: bool) -> Any:
+    """One array: lazy, or read now. One read now is refused if it holds NaN or infinity,
+    which ``fit`` never stores: predictions from them were NaN without a word. (A lazy one
+    keeps the name of this store's read, which ``save`` recognises; the passes that read it
+    check its values as they go, as they check any lazy operand.)"""
     x = version.open_array(name)
-    return x if lazy else x.compute()
+    if lazy:
+        return x
+    values = x.compute()
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise StoreError(f"{version.url!r}: the model's array {name!r} holds NaN or infinity "
+                         f"({int(values.size - np.isfinite(values).sum())} values), which "
+                         "dkern.save never writes: the file was edited or damaged. Save the "
+                         "model again.")
+    return values
