@@ -312,6 +312,21 @@ def script_cluster(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_a_script_started_scheduler_ends_a_wait_with_no_running_worker(script_cluster):
+    """Workers all paused for memory on a cluster of cluster/ scripts kept a job waiting for
+    ever: distributed's schedulers wait without end by default, and only the embedded
+    cluster's was given a timeout. start-scheduler.sh's scheduler now reads the same
+    no-workers-timeout from dkern's settings (the embedded one fails such a wait with a
+    WorkerFailureError naming the paused workers: tests/test_poison.py)."""
+    from dkern.runtime import NO_WORKERS_TIMEOUT, connect
+
+    with connect(script_cluster) as client:
+        got = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.no_workers_timeout)
+    assert NO_WORKERS_TIMEOUT == "300s" and got == 300
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_remote_client_notebook_runs_in_a_kernel_against_script_started_workers(
         tmp_path, script_cluster, monkeypatch):
     """examples/remote_client.ipynb, executed by nbclient in a Jupyter kernel, attaches to

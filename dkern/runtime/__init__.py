@@ -46,15 +46,16 @@ SCHEDULER_ENV = "DKERN_SCHEDULER_ADDRESS"
 WORKER_MALLOC_ENV = {key.rsplit(".", 1)[1]: str(value) for key, value in worker_config().items()
                      if key.startswith("distributed.nanny.pre-spawn-environ.MALLOC_")}
 
-#: How long the embedded cluster's tasks wait with no worker running before they fail.
-#: Its workers all start before ``connect`` returns and a nanny restarts a worker killed
-#: for memory within seconds, so minutes without any mean none will come back; without it
-#: the client waits for ever (distributed's default). Workers paused for memory count as not
-#: running (distributed's rule): long enough for a pause that spilling or freeing ends, and
-#: such a job has been warned of (``WorkersPausedWarning``). A value in dask's config wins.
-NO_WORKERS_TIMEOUT = "300s"
-
 _NO_WORKERS_KEY = "distributed.scheduler.no-workers-timeout"
+#: How long tasks wait with no worker running before they fail, on the embedded cluster and
+#: on a scheduler started by cluster/start-scheduler.sh (both read ``WORKER_CONFIG``).
+#: Workers start before ``connect`` returns and a nanny restarts a worker killed for memory
+#: within seconds, so minutes without any mean none will come back; without it the client
+#: waits for ever (distributed's default). Workers paused for memory count as not running
+#: (distributed's rule): long enough for a pause that spilling or freeing ends, and such a
+#: job has been warned of (``WorkersPausedWarning``). In the embedded cluster a value in
+#: dask's config wins.
+NO_WORKERS_TIMEOUT = worker_config()[_NO_WORKERS_KEY]
 _SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
 
 
@@ -215,8 +216,8 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
     kwargs.setdefault("dashboard_address", "127.0.0.1:0")
     # Read by each nanny when it is created (and reused if it restarts its worker).
     settings = worker_config()
-    if dask.config.get(_NO_WORKERS_KEY, None) is None:
-        settings[_NO_WORKERS_KEY] = NO_WORKERS_TIMEOUT
+    if dask.config.get(_NO_WORKERS_KEY, None) is not None:  # the user's
+        settings[_NO_WORKERS_KEY] = dask.config.get(_NO_WORKERS_KEY)
     settings[METHOD_KEY] = worker_start_method(user_start_method() or settings[METHOD_KEY])
     with dask.config.set(settings), _spawn_environ(settings):
         if settings[METHOD_KEY] == "forkserver" and kwargs.get("processes", True):

@@ -14,6 +14,8 @@ from typing import Any
 
 from dask.utils import format_bytes
 
+from .config import worker_config
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,8 +40,12 @@ def pause_message(paused: dict[str, tuple[int, int]]) -> str:
     names = "; ".join(f"{address} at {format_bytes(memory)} of its {format_bytes(limit)} limit"
                       for address, (memory, limit) in sorted(paused.items()))
     return (f"{len(paused)} dask worker(s) paused for memory, running no tasks until their "
-            f"memory falls below distributed.worker.memory.pause: {names}. Give the workers "
-            f"more memory (memory_limit= in dkern.connect, --memory-limit for dask worker; "
+            f"memory falls below distributed.worker.memory.pause: {names}. Tasks that no other "
+            f"worker can run wait until then, or fail after the scheduler's "
+            f"distributed.scheduler.no-workers-timeout (dkern's schedulers: "
+            f"{worker_config()['distributed.scheduler.no-workers-timeout']}; a scheduler "
+            f"without it waits for ever). Give the workers more memory "
+            f"(memory_limit= in dkern.connect, --memory-limit for dask worker; "
             f"cluster/README.md states the smallest sensible limit), or use smaller chunks.")
 
 
