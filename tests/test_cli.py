@@ -173,7 +173,15 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch, _session
     args = ["fit", "--data", store, "--x", "X", "--y", "y", "--kernel",
             "Gaussian(lengthscale=0.5)", "--alpha", "0.1", "--solver", "nystrom", "--centers",
             "60", "--model", model, *at, "--json", "--checkpoint",
-            str(tmp_path / "ck"), "--checkpoint-every", "1"]
+            str(tmp_path / "ck"), "--checkpoint-every", "1", "--row-chunks", "700"]
+    # --row-chunks: the rows per task the memory refusal advises (a store's chunks are
+    # otherwise merged to about 16 MiB)
+    from argparse import Namespace
+
+    from dkern.cli.fit import _training_rows
+
+    assert _training_rows(Namespace(data=store, x="X", row_chunks=700)).chunks[0][:4] == \
+        (700, 700, 700, 700)
     code, out, _ = run(capsys, *args)
     assert code == 0 and json.loads(out)["solver"] == "nystrom"
     # a fresh fit (resumed from iteration 0) whose checkpoint goes once the model is saved

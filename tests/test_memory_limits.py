@@ -97,6 +97,48 @@ def test_a_factor_too_big_for_the_workers_is_refused_before_anything_runs(monkey
     assert computed == [], "work was submitted before the refusal"
 
 
+def test_stored_chunks_that_fit_are_merged_only_as_far_as_the_workers_allow(
+        tmp_path, monkeypatch, sync_scheduler):
+    """Reads merge a store's Zarr chunks to about 16 MiB, for speed. On memory-limited
+    workers a store of small chunks, written as the refusal advised, was refused again for
+    the merged chunks (adversary E's repro). Now whole Zarr chunks are merged only as far as
+    a task fits, through the estimators' input checks and data_rows alike."""
+    from dkern.io import as_rows
+    from dkern.models._validation import check_X
+    from dkern.operators import data_rows, memory
+
+    X = np.random.default_rng(1).normal(size=(400_000, 2))
+    url = str(tmp_path / "small.zarr")
+    write_array(X, url, "X", chunk_rows=10_000)
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 40e6, "nthreads": 1}] * 2)
+    merged = as_rows((url, "X"), name="X")  # the read alone merges to 200,000 rows
+    assert max(merged.chunks[0]) == 200_000 and not memory.fits_in_task(merged)
+    for Xd in (data_rows((url, "X")), check_X(KernelRidge(), (url, "X"), reset=True)):
+        rows = max(Xd.chunks[0])
+        assert rows % 10_000 == 0 and 10_000 <= rows < 200_000, Xd.chunks[0]
+        assert memory.fits_in_task(Xd)
+        check_row_chunks(Xd)
+        np.testing.assert_array_equal(Xd.compute(), X)
+
+
+def test_a_factor_the_workers_cannot_keep_is_refused_before_anything_runs(monkeypatch,
+                                                                          sync_scheduler):
+    """The CG preconditioner keeps its n x r factor on the workers. Each task of it fitted,
+    but 200,000 x 300 float64 (480 MB) on two 300 MB workers made them spill and pause, and
+    the fit waited (adversary E's repro). It is refused first, naming a limit that fits."""
+    from dkern.operators import memory
+
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 3e8, "nthreads": 1}] * 2)
+    X = da.zeros((200_000, 2), chunks=(2_000, 2))
+    computed = []
+    with dask.config.set(scheduler=lambda dsk, keys, **kw: computed.append(keys)), \
+            pytest.raises(MemoryLimitError, match=r"factor, 200,000 x 300 float64, takes 480 MB "
+                          r"kept on the workers, over the 180 MB they may keep .*2 worker\(s\) "
+                          r"of 300 MB.*a memory_limit of at least 800 MB each"):
+        NystromPreconditioner(Gaussian(1.0), X, 1e-3, 300, pivots="rpcholesky")
+    assert computed == [], "work was submitted before the refusal"
+
+
 @pytest.fixture(scope="module")
 def small_workers():
     """One single-threaded worker process limited to 400 MB."""

@@ -43,6 +43,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser,
     parser.add_argument("--data", required=True, help="store path or fsspec URL")
     parser.add_argument("--x", required=True, help="array of training rows (n, d)")
     parser.add_argument("--y", required=True, help="array of targets (n,) or (n, t)")
+    parser.add_argument("--row-chunks", type=positive_int, default=None,
+                        help="rows of --x per task (default: whole Zarr chunks, merged to "
+                             "about 16 MiB); fewer rows need less worker memory")
     _add_model_options(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", default=None,
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     monitor = SolveMonitor()
     with cluster_client(args):
         start = time.perf_counter()
-        model.fit((args.data, args.x), (args.data, args.y), callback=monitor)
+        model.fit(_training_rows(args), (args.data, args.y), callback=monitor)
         fit_s = time.perf_counter() - start
         save(model, args.model, overwrite=args.overwrite)
     report = {"model": args.model, "model_type": args.model_type,
@@ -126,6 +129,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lml = float(model.log_marginal_likelihood_value_)
         report["log_marginal_likelihood"] = None if np.isnan(lml) else lml
     return report
+
+
+def _training_rows(args: argparse.Namespace) -> Any:
+    """``--x``: the store reference, or with ``--row-chunks`` its rows in chunks of that
+    many (each task reads the Zarr chunks its rows lie in)."""
+    if args.row_chunks is None:
+        return (args.data, args.x)
+    from ..io import open_array
+
+    return open_array(args.data, args.x).rechunk({0: args.row_chunks})
 
 
 def _check_training_arrays(args: argparse.Namespace) -> None:

@@ -9,11 +9,14 @@ submitted, with the estimate, the limit and the fix in the message.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import dask.array as da
 import psutil
+import zarr
 
 from ..errors import MemoryLimitError
+from ..io import is_store_ref, open_array
 from ..runtime.resources import (
     ADVICE_MARGIN,
     TASK_FRACTION,  # noqa: F401  (its home before resources.py)
@@ -57,6 +60,38 @@ def persist_budget() -> int:
     return int(PERSIST_FRACTION * min(limits) * len(limits))
 
 
+def check_persisted(nbytes: int, what: str, fix: str) -> None:
+    """Refuse, before anything runs, data to be persisted on the workers beyond
+    :func:`persist_budget`: the workers would spill it and pause rather than fail.
+
+    Parameters
+    ----------
+    nbytes : int
+        The bytes to be persisted, over all workers.
+    what : str
+        What they are, for the message ("the preconditioner's factor, 200,000 x 300 float64").
+    fix : str
+        What else would help, besides more memory (a sentence).
+
+    Raises
+    ------
+    MemoryLimitError
+        With the budget, how it is set, and the memory limit that would fit.
+    """
+    budget = persist_budget()
+    if nbytes <= budget:
+        return
+    count = len(_workers() or ())
+    where = (f"{count} worker(s) of {budget / PERSIST_FRACTION / count / 1e6:,.0f} MB (the "
+             "smallest memory limit)" if count else "this process's available memory")
+    need = (f"a memory_limit of at least {nbytes / PERSIST_FRACTION / count / 1e6:,.0f} MB "
+            "each" if count else "more memory")
+    raise MemoryLimitError(
+        f"{what} takes {nbytes / 1e6:,.0f} MB kept on the workers, over the {budget / 1e6:,.0f} "
+        f"MB they may keep ({PERSIST_FRACTION:.0%} of the memory of {where}): they would "
+        f"spill it to disk and pause. Nothing was submitted. Give the workers {need}, {fix}")
+
+
 def task_budget() -> TaskBudget | None:
     """What one task may take on the tightest worker of the current ``distributed`` client.
 
@@ -98,6 +133,35 @@ def fits_in_task(X: da.Array, per_row: int = 0) -> bool:
     return budget is None or need <= budget.budget
 
 
+def task_rows(X: da.Array, per_row: int = 0) -> int | None:
+    """The most rows of X one task may take on the current workers (by the same estimate
+    as :func:`row_task_bytes`, with the margin of the refusal's advice), at least 1; None
+    on dask's local schedulers or without memory limits."""
+    budget = task_budget()
+    if budget is None:
+        return None
+    row_bytes = X.dtype.itemsize * (X.shape[1] if X.ndim > 1 else 1)
+    per_chunk_row = (READ_FACTOR + 1) * row_bytes + 8 * per_row
+    return max(1, int((ADVICE_MARGIN * budget.budget - TILE_OVERHEAD) / per_chunk_row))
+
+
+def stored_rows_in_task(X: Any, Xd: da.Array) -> int | None:
+    """For stored X (a Zarr array or a store reference) read as ``Xd``, whose row chunks
+    merge whole Zarr chunks: rows per chunk when the merged chunks would not fit in a task
+    on the workers, as many whole Zarr chunks as fit (one at least); None when they fit.
+
+    Merging is for speed only; on memory-limited workers it must not refuse a store whose
+    own chunks fit (the refusal's advice is to rewrite the store with smaller chunks).
+    """
+    if not (isinstance(X, zarr.Array) or is_store_ref(X)) or fits_in_task(Xd):
+        return None
+    stored = int(X.chunks[0] if isinstance(X, zarr.Array) else open_array(*X).chunks[0][0])
+    rows = task_rows(Xd)
+    if rows is None or max(Xd.chunks[0]) <= stored:
+        return None
+    return stored * max(1, rows // stored)
+
+
 def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
     """Refuse, before anything runs, row chunks whose task cannot fit in a worker.
 
@@ -136,9 +200,11 @@ def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
             f"{least / 1e6:.0f} MB (for chunks of 1,024 rows), or fewer threads each.")
     raise MemoryLimitError(
         f"{what} Use row chunks of at most {fit} rows: {name}.rechunk({{0: {fit}}}) for a "
-        f"dask array, or, since a Zarr chunk is read whole, rewrite the store with "
-        f"dkern.io.write_array(..., chunk_rows={fit}); or give the workers more memory "
-        f"(a memory_limit of {budget.limit_for(need) / 1e6:.0f} MB fits these chunks).")
+        f"dask array, dkern.io.open_array(url, path).rechunk({{0: {fit}}}) for a store's "
+        f"(`dkern fit`: --row-chunks {fit}); a task reads whole Zarr chunks, so a store "
+        f"whose chunks are larger needs rewriting with dkern.io.write_array(..., "
+        f"chunk_rows={fit}). Or give the workers more memory (a memory_limit of "
+        f"{budget.limit_for(need) / 1e6:.0f} MB fits these chunks).")
 
 
 _workers = scheduler_workers

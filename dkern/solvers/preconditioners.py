@@ -18,7 +18,7 @@ from ..backends import resolve_backend
 from ..errors import NotPositiveDefiniteError
 from ..kernels import Kernel
 from ..operators import data_rows, gram, pairwise_map
-from ..operators.memory import check_row_chunks
+from ..operators.memory import check_persisted, check_row_chunks
 from ._checks import integer, positive_number
 from .sampling import chunk_sums, gather_rows, sample_distinct_rows_of
 
@@ -118,8 +118,13 @@ class NystromPreconditioner:
                       else integer(block_size, "block_size"))
         if pivots not in ("uniform", "rpcholesky"):
             raise ValueError(f"pivots must be 'uniform' or 'rpcholesky'; got {pivots!r}.")
-        # The factor is chunked like X's rows: refuse row chunks whose factor block
-        # cannot fit in a worker before anything is submitted, as data_rows does for X.
+        # The factor is kept on the workers, chunked like X's rows: refuse, before anything
+        # is submitted, a factor they cannot keep, or row chunks whose block cannot fit in
+        # a task, as data_rows does for X.
+        check_persisted(8 * n * rank, f"The Nyström preconditioner's factor, {n:,} x {rank} "
+                        "float64,", "or lower its rank (GaussianProcessRegressor's "
+                        "preconditioner_rank), or use solver='nystrom', whose M centres need no "
+                        "factor of n rows.")
         check_row_chunks(Xd, "X", per_row=FACTOR_VALUES_PER_PIVOT * rank)
         rng = np.random.default_rng(random_state)
         self.alpha = float(alpha)
