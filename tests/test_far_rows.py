@@ -334,3 +334,34 @@ def test_rows_just_inside_the_magnitude_limit_give_zeros_not_nan():
                                rtol=1e-12)
     sums = keops.weighted_log_sums(Qs, Xs, kernel=K.Gaussian(1.0), scale=0.1)
     np.testing.assert_array_equal(sums[-1], [-np.inf, 0.0])
+
+
+@pytest.mark.parametrize("ell", [1e-300, 1e-160, [1e-300, 1.0, 2.0]])
+def test_lengthscales_tiny_next_to_the_rows_give_the_identity_not_nan(ell):
+    """A lengthscale so small that the scaled rows' squared norms overflow (ℓ below ~1e-154
+    for values of order 1): the expanded distance gave inf - inf = NaN, and the fits ended
+    "successfully" with NaN coefficients (predict then said 'V contains NaN or Inf'). The
+    tile is now computed from differences: the kernel matrix is the identity, as
+    scikit-learn's, and the exact GP's mean and std equal its own."""
+    from sklearn.gaussian_process import GaussianProcessRegressor as SkGPR
+    from sklearn.gaussian_process.kernels import RBF
+    from sklearn.gaussian_process.kernels import Matern as SkMatern
+
+    rng = np.random.default_rng(5)
+    X, Q = rng.normal(size=(25, 3)), rng.normal(size=(6, 3))
+    y = np.sin(X).sum(axis=1)
+    np.testing.assert_array_equal(K.Gaussian(ell)(X, Q), RBF(ell)(X, Q))  # zeros
+    for ours in (K.Gaussian(ell), K.Matern(ell, 1.5), K.Matern(ell, 2.5)):
+        np.testing.assert_array_equal(ours(X, X), np.eye(len(X)))
+        np.testing.assert_array_equal(ours(X, Q), np.zeros((len(X), len(Q))))
+    assert np.isnan(SkMatern(ell, nu=1.5)(X, Q)).all()  # scikit-learn's: inf * 0
+    gp = dkern.GaussianProcessRegressor(K.Gaussian(ell), alpha=0.1, solver="exact",
+                                        optimizer=None).fit(X, y)
+    mean, std = gp.predict(np.vstack([Q, X[:2]]), return_std=True)
+    sk_mean, sk_std = SkGPR(RBF(ell), alpha=0.1, optimizer=None).fit(X, y).predict(
+        np.vstack([Q, X[:2]]), return_std=True)
+    np.testing.assert_allclose(mean, sk_mean, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(std, sk_std, rtol=1e-12)
+    krr = dkern.KernelRidge(K.Gaussian(ell), alpha=0.1, solver="cg", tol=1e-10,
+                            backend="numpy").fit(X, y)
+    np.testing.assert_allclose(krr.predict(X), y / 1.1, rtol=1e-9)  # (I + 0.1 I) c = y

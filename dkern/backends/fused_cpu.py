@@ -161,7 +161,7 @@ def _operands(x: np.ndarray, z: np.ndarray, v: np.ndarray, ell: Any
                          f"{x.shape[1]} features; give one per feature or a scalar.")
     ell = np.broadcast_to(ell, (x.shape[1],))
     first = ell[0] if ell.size else 1.0
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore"):  # l² underflows to 0 below 1e-162
         factor = 1.0 / first**2  # inf for l < 1e-154: then (x - z) / l, as the tiles do
     if np.all(ell == first) and np.isfinite(factor):  # one multiply an entry, not one a feature
         return x64, zP, vT, None, float(factor)

@@ -50,6 +50,9 @@ NEAR = 1e-4
 #: exponentiate G (Gaussian, and the log weights of kernel smoothing): elsewhere the
 #: expanded form's error ``≈ ε (h_x + h_z)`` moves ``e^G`` by less than ~1e-13 absolute.
 EXP_NEAR = 1e-3
+#: Scaled half norms ``h_x + h_z`` above which the expanded form could overflow (to inf,
+#: then inf - inf = NaN): such a tile is computed from differences instead.
+FAR_H = 1e300
 #: Rows of Z whose median is the centre (a sample: the median of 2048 rows costs a third
 #: of a tile's exponentials).
 CENTRE_SAMPLE = 64
@@ -134,6 +137,8 @@ class Stationary(Kernel):
         Xs, Zs = (X - centre) / ell, (Z - centre) / ell
         hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)
         hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
+        if not hx.max(initial=0.0) + hz.max(initial=0.0) < FAR_H:
+            return _half_neg_sqdist_by_features(X, Z, ell)
         ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)
         G = np.hstack([Xs, -hx[:, None], ones_x]) @ np.hstack([Zs, ones_z, -hz[:, None]]).T
         if square:  # exactly 0, as diag() says, not 0 within ε h
@@ -286,6 +291,20 @@ def _matern_profile(r: Array, nu: float) -> tuple[Array, Array]:
         return (1.0 + a * r) * e, 3.0 * e
     # k = (1 + √5 r + 5 r² / 3) e^{-√5 r}, g = 5/3 (1 + √5 r) e^{-√5 r}
     return (1.0 + a * r + 5.0 * r * r / 3.0) * e, 5.0 / 3.0 * (1.0 + a * r) * e
+
+
+def _half_neg_sqdist_by_features(X: Array, Z: Array, ell: Array) -> Array:
+    """``-||(x - z) / l||² / 2`` summed feature by feature from differences: for rows whose
+    scaled norms pass float's range (far rows, or lengthscales tiny next to X's values),
+    where the expanded form gives inf - inf = NaN. A difference that overflows once scaled
+    gives -inf (the kernel value 0) and equal rows give exactly 0, as scikit-learn's do."""
+    ells = np.broadcast_to(ell, (X.shape[1],))
+    out = np.zeros((len(X), len(Z)), dtype=np.result_type(X.dtype, Z.dtype))
+    with np.errstate(over="ignore"):
+        for k in range(X.shape[1]):
+            out += np.square(np.subtract.outer(X[:, k], Z[:, k]) / ells[k])
+    out *= -0.5
+    return out
 
 
 def _cancelled_pairs(G: Array, hx: Array, hz: Array, near: float,
