@@ -365,3 +365,23 @@ def test_lengthscales_tiny_next_to_the_rows_give_the_identity_not_nan(ell):
     krr = dkern.KernelRidge(K.Gaussian(ell), alpha=0.1, solver="cg", tol=1e-10,
                             backend="numpy").fit(X, y)
     np.testing.assert_allclose(krr.predict(X), y / 1.1, rtol=1e-9)  # (I + 0.1 I) c = y
+
+
+@pytest.mark.parametrize("ell", [1e-300, [1e-300, 1.0, 2.0]])
+def test_keops_with_tiny_lengthscales_equals_numpy(ell):
+    """KeOps scaled a scalar lengthscale's squared distances by 1 / l², inf here: 0 · inf
+    gave NaN where x = z (the kernel's diagonal). Its log-sum-exp (KDE, Nadaraya–Watson)
+    shifted from -inf and gave NaN sums for rows with some zero weights. Both now equal
+    numpy's: the identity, and a match's weight 1 beside zeros."""
+    from dkern.backends import block_backend
+
+    keops, numpy_ = block_backend("keops"), block_backend("numpy")
+    rng = np.random.default_rng(6)
+    X, V = rng.normal(size=(25, 3)), rng.normal(size=(25, 2))
+    Q = np.vstack([rng.normal(size=(2, 3)), X[:2]])
+    for kernel in (K.Gaussian(ell), K.Matern(ell, 1.5)):
+        np.testing.assert_array_equal(keops.kernel_matvec(X, X, V, kernel=kernel), V)
+    got = keops.weighted_log_sums(Q, X, None, kernel=K.Gaussian(1.0), scale=1e-300)
+    want = numpy_.weighted_log_sums(Q, X, None, kernel=K.Gaussian(1.0), scale=1e-300)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want, [[-np.inf, 0.0], [-np.inf, 0.0], [0.0, 1.0], [0.0, 1.0]])

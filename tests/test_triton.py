@@ -141,6 +141,23 @@ def test_log_sums_of_a_row_whose_every_distance_overflows_are_empty_not_nan():
                                rtol=1e-12)
 
 
+@pytest.mark.parametrize("ell", [1e-300, [1e-300, 1.0, 2.0]])
+def test_tiny_lengthscales_give_the_identity_and_a_match_weight_1_not_nan(ell):
+    """Lengthscales whose 1 / l² overflows (below ~1e-154): the kernels and the log-sums
+    multiplied squared differences by it, 0 · inf = NaN where x = z. Differences are now
+    scaled before they are squared: the kernel is the identity, as numpy's, and a query
+    equal to a training row has that row's weight 1 beside zeros."""
+    rng = np.random.default_rng(6)
+    x, v = rng.normal(size=(9, 3)), rng.normal(size=(9, 2))
+    for kernel in (Gaussian(ell), Matern(ell, 1.5)):
+        np.testing.assert_array_equal(
+            block_backend("triton").kernel_matvec(x, x, v, kernel=kernel), v)
+    q = np.vstack([rng.normal(size=(2, 3)), x[:2]])
+    got = block_backend("triton").weighted_log_sums(q, x, None, kernel=Gaussian(1.0),
+                                                    scale=1e-300)
+    np.testing.assert_array_equal(got, [[-np.inf, 0.0], [-np.inf, 0.0], [0.0, 1.0], [0.0, 1.0]])
+
+
 def test_box_smoothing_falls_back_to_numpy_logged(caplog, monkeypatch):
     monkeypatch.setattr(keops_backend, "_logged", set())
     with caplog.at_level(logging.INFO, logger="dkern.backends.keops_backend"):

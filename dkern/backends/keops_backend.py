@@ -82,6 +82,10 @@ def keops_log_form_missing(kernel: Kernel | None, box_width: float | None) -> st
     return None
 
 
+#: Log weights are floored here in KeOps' log-sum-exp (log_sums_block_keops): e^-1e300 is 0
+#: in float64 as e^-inf is, and a finite floor keeps KeOps' running shift from inf - inf.
+LOG_WEIGHT_FLOOR = -1e300
+
 def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
                          kernel: Kernel | None, scale: float = 1.0) -> np.ndarray:
     """``[m, s₀, s₁ … s_T]`` of the Gaussian weights ``k(x/scale, z/scale)`` per row of x.
@@ -116,20 +120,28 @@ def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = No
         return np.tile([-np.inf] + [0.0] * values.shape[1], (len(x), 1))
     ell = np.asarray(kernel.lengthscale, dtype=np.float64) * scale
     xi, zj = LazyTensor(x[:, None, :]), LazyTensor(z[None, :, :])
-    if ell.ndim == 0:  # differences first, then the width, as the kernel's own formula
-        log_k = xi.sqdist(zj) * float(-0.5 / ell**2)
-    elif ell.shape == (x.shape[1],):
-        log_k = ((xi - zj) * LazyTensor(np.ascontiguousarray(1.0 / ell))).sqnorm2() * -0.5
+    with np.errstate(over="ignore", divide="ignore"):
+        half_inverse_square = -0.5 / ell**2
+    if ell.ndim == 0 and np.isfinite(half_inverse_square):
+        # differences first, then the width, as the kernel's own formula
+        log_k = xi.sqdist(zj) * float(half_inverse_square)
+    elif ell.ndim == 0 or ell.shape == (x.shape[1],):  # per feature, as _keops_sqdist
+        inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (x.shape[1],)))
+        log_k = ((xi - zj) * LazyTensor(inverse)).sqnorm2() * -0.5
     else:
         raise ValueError(f"Gaussian: lengthscale has {ell.shape[0]} entries but the data has "
                          f"{x.shape[1]} features; give one per feature or a scalar.")
+    # Squared distances that overflow give log weights of -inf, and KeOps' running shift
+    # from -inf gives e^(-inf + inf) = NaN, in a row's sums (a few such pairs before its
+    # maximum) or all of them (every pair). A floor where e^(log k − m) is 0 anyway keeps the
+    # shifts finite; a row whose maximum is the floor has only zero weights: the empty sums.
+    log_k = log_k.clamp(LOG_WEIGHT_FLOOR, 0.0)
     weights = LazyTensor(np.ascontiguousarray(values)[None, :, :])
     with _first_call_locked(("lse", log_k.formula, x.shape[1], values.shape[1])):
         out = log_k.reduction("Max_SumShiftExpWeight", other=weights, axis=1)
     out = np.asarray(out, dtype=np.float64).reshape(len(x), 1 + values.shape[1])
-    # a row whose every squared distance overflowed (maximum -inf): KeOps' shift by it
-    # gives e^(-inf + inf) = NaN; its sums are the empty ones, as numpy's
-    out[out[:, 0] == -np.inf, 1:] = 0.0
+    empty = out[:, 0] <= LOG_WEIGHT_FLOOR
+    out[empty, 0], out[empty, 1:] = -np.inf, 0.0
     return out
 
 

@@ -389,7 +389,7 @@ def log_sums_block_triton(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = N
     res = torch.empty((n, 1 + cols), dtype=torch.float64, device=device)
     _launch(run, n, _other_tiles(),
             _tensor(x, device), _tensor(z, device), _tensor(values, device),
-            _tensor(1.0 / width**2, device), res, n, m, min_bm=16, D=d, T=cols,
+            _tensor(1.0 / width, device), res, n, m, min_bm=16, D=d, T=cols,
             TP=max(16, triton.next_power_of_2(cols)))
     return res.cpu().numpy()
 

@@ -89,8 +89,9 @@ def gaussian_log_sums(x_ptr, z_ptr, v_ptr, p_ptr, out_ptr, n, m, D: tl.constexpr
         for k in tl.static_range(D):
             xk = tl.load(x_ptr + rows * D + k, mask=rmask, other=0.0)
             zk = tl.load(z_ptr + cols * D + k, mask=cmask, other=0.0)
-            diff = xk[:, None] - zk[None, :]
-            L += diff * diff * tl.load(p_ptr + k)
+            # scaled before it is squared: 1 / l² overflows for l below ~1e-154
+            scaled = (xk[:, None] - zk[None, :]) * tl.load(p_ptr + k)
+            L += scaled * scaled
         L = tl.where(cmask[None, :], -0.5 * L, float("-inf"))
         new_top = tl.maximum(top, tl.max(L, axis=1))
         # no finite weight yet (every distance overflowed): shift by 0, as e^(-inf + inf)

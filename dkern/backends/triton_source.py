@@ -102,21 +102,31 @@ def _scaled_sqdist(k: Stationary, src: TileSource, d: int,
     ``src.grads``, which takes ``factor`` 1). ``factor`` is folded into the lengthscale's
     parameters, so it costs no multiply per entry."""
     ell = np.asarray(k.lengthscale, dtype=float)
-    if ell.ndim == 0:
+    with np.errstate(over="ignore", divide="ignore"):
+        weight = factor / ell**2
+    if ell.ndim == 0 and np.isfinite(weight):
         plain = src.once("sqdist", "sq", "diff * diff")
-        r2 = src.let(f"{plain} * {src.param(factor / float(ell) ** 2)}")
+        r2 = src.let(f"{plain} * {src.param(weight)}")
         return r2, [r2]
-    if ell.shape != (d,):
+    if ell.ndim and ell.shape != (d,):
         raise ValueError(f"{type(k).__name__}: lengthscale has {ell.shape[0]} entries but the "
                          f"data has {d} features; give one per feature or a scalar.")
-    base = len(src.params)
-    src.params.extend((factor / ell ** 2).tolist())
-    r2 = src.accumulator("sqa", f"diff * diff * tl.load(p_ptr + {base} + {{k}})")
+    # per feature, each difference scaled before it is squared: a lengthscale whose 1 / l²
+    # overflows (below ~1e-154) would give 0 · inf = NaN where x = z
+    # (factor's sign applied once to the sum: a kernel folds its -1/2 in)
+    base, sign = len(src.params), "-" if factor < 0 else ""
+    src.params.extend(np.broadcast_to(np.sqrt(abs(factor)) / ell, (d,)).tolist())
+    r2 = src.accumulator("sqa", f"(diff * tl.load(p_ptr + {base} + {{k}})) * "
+                                f"(diff * tl.load(p_ptr + {base} + {{k}}))")
+    r2 = src.let(f"-{r2}") if sign else r2
     if not src.grads:
         return r2, []
+    if ell.ndim == 0:
+        return r2, [r2]
     parts = []
     for j in range(d):  # one tile per feature, after the loop (the loop keeps one diff)
-        parts.append(src.let(f"{_diff(j)} * {_diff(j)} * tl.load(p_ptr + {base + j})"))
+        scaled = f"({_diff(j)} * tl.load(p_ptr + {base + j}))"
+        parts.append(src.let(f"{sign}{scaled} * {scaled}"))
     return r2, parts
 
 

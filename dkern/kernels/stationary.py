@@ -157,9 +157,14 @@ class Stationary(Kernel):
         x = LazyTensor(np.ascontiguousarray(X)[:, None, :])
         z = LazyTensor(np.ascontiguousarray(Z)[None, :, :])
         ell = self._lengthscale(X)
-        if ell.ndim == 0:  # differences first, then the lengthscale (see _value_and_gradient)
-            return x.sqdist(z) * float(1.0 / ell**2)
-        return ((x - z) * LazyTensor(np.ascontiguousarray(1.0 / ell))).sqnorm2()
+        with np.errstate(over="ignore", divide="ignore"):
+            inverse_square = 1.0 / ell**2
+        if ell.ndim == 0 and np.isfinite(inverse_square):
+            # differences first, then the lengthscale (see _value_and_gradient)
+            return x.sqdist(z) * float(inverse_square)
+        # per feature; also a scalar l whose 1 / l² overflows, where x = z would give 0 · inf
+        inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (X.shape[1],)))
+        return ((x - z) * LazyTensor(inverse)).sqnorm2()
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
