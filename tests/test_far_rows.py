@@ -385,3 +385,25 @@ def test_keops_with_tiny_lengthscales_equals_numpy(ell):
     want = numpy_.weighted_log_sums(Q, X, None, kernel=K.Gaussian(1.0), scale=1e-300)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(want, [[-np.inf, 0.0], [-np.inf, 0.0], [0.0, 1.0], [0.0, 1.0]])
+
+
+def test_float32_tiles_warn_of_nothing_and_stay_within_float32_of_float64():
+    """The far-tile check compared float32 norms with a float64 bound: 'overflow
+    encountered in cast' on every float32 tile (seen compiled on a GPU host's test run).
+    The bound is now the dtype's own; a float32 row far enough to overflow its squares
+    takes the differences, as in float64."""
+    import warnings
+
+    X = RNG.normal(size=(40, 3)).astype(np.float32)
+    far = X.copy()
+    far[0] = 1e19  # (1e19 / 1e-3)² overflows float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kernel in (K.Gaussian(1.0), K.Matern(0.7, 2.5), K.Gaussian(ELL)):
+            got = kernel(X, X[:9])
+            assert got.dtype == np.float32
+            np.testing.assert_allclose(got, kernel(X.astype(np.float64), X[:9].astype(np.float64)),
+                                       atol=2e-6)
+        values = K.Gaussian(1e-3)(far, far)
+    np.testing.assert_array_equal(np.diag(values), 1.0)
+    assert np.isfinite(values).all()

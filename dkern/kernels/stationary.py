@@ -50,9 +50,10 @@ NEAR = 1e-4
 #: exponentiate G (Gaussian, and the log weights of kernel smoothing): elsewhere the
 #: expanded form's error ``≈ ε (h_x + h_z)`` moves ``e^G`` by less than ~1e-13 absolute.
 EXP_NEAR = 1e-3
-#: Scaled half norms ``h_x + h_z`` above which the expanded form could overflow (to inf,
-#: then inf - inf = NaN): such a tile is computed from differences instead.
-FAR_H = 1e300
+#: Scaled half norms ``h_x + h_z`` above this share of the dtype's largest value could
+#: overflow the expanded form (``|G| <= 2 (h_x + h_z)``; then inf - inf = NaN): such a tile
+#: is computed from differences instead.
+FAR_H = 0.25
 #: Rows of Z whose median is the centre (a sample: the median of 2048 rows costs a third
 #: of a tile's exponentials).
 CENTRE_SAMPLE = 64
@@ -137,7 +138,8 @@ class Stationary(Kernel):
         Xs, Zs = (X - centre) / ell, (Z - centre) / ell
         hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)
         hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
-        if not hx.max(initial=0.0) + hz.max(initial=0.0) < FAR_H:
+        largest = float(hx.max(initial=0.0)) + float(hz.max(initial=0.0))
+        if not largest < FAR_H * float(np.finfo(dtype).max):
             return _half_neg_sqdist_by_features(X, Z, ell)
         ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)
         G = np.hstack([Xs, -hx[:, None], ones_x]) @ np.hstack([Zs, ones_z, -hz[:, None]]).T
