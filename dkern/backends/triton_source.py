@@ -102,29 +102,42 @@ def _scaled_sqdist(k: Stationary, src: TileSource, d: int,
     ``src.grads``, which takes ``factor`` 1). ``factor`` is folded into the lengthscale's
     parameters, so it costs no multiply per entry."""
     ell = np.asarray(k.lengthscale, dtype=float)
-    with np.errstate(over="ignore", divide="ignore"):
-        weight = factor / ell**2
-    if ell.ndim == 0 and np.isfinite(weight):
-        plain = src.once("sqdist", "sq", "diff * diff")
-        r2 = src.let(f"{plain} * {src.param(weight)}")
-        return r2, [r2]
     if ell.ndim and ell.shape != (d,):
         raise ValueError(f"{type(k).__name__}: lengthscale has {ell.shape[0]} entries but the "
                          f"data has {d} features; give one per feature or a scalar.")
-    # per feature, each difference scaled before it is squared: a lengthscale whose 1 / l²
-    # overflows (below ~1e-154) would give 0 · inf = NaN where x = z
-    # (factor's sign applied once to the sum: a kernel folds its -1/2 in)
+    with np.errstate(over="ignore", divide="ignore"):
+        weight = factor / ell**2
+    if not np.isfinite(weight).all():
+        return _differences_scaled_first(src, d, ell, factor)
+    if ell.ndim == 0:
+        plain = src.once("sqdist", "sq", "diff * diff")
+        r2 = src.let(f"{plain} * {src.param(weight)}")
+        return r2, [r2]
+    base = len(src.params)
+    src.params.extend(weight.tolist())
+    r2 = src.accumulator("sqa", f"diff * diff * tl.load(p_ptr + {base} + {{k}})")
+    if not src.grads:
+        return r2, []
+    parts = []
+    for j in range(d):  # one tile per feature, after the loop (the loop keeps one diff)
+        parts.append(src.let(f"{_diff(j)} * {_diff(j)} * tl.load(p_ptr + {base + j})"))
+    return r2, parts
+
+
+def _differences_scaled_first(src: TileSource, d: int, ell: np.ndarray,
+                              factor: float) -> tuple[str, list[str]]:
+    """:func:`_scaled_sqdist` for a lengthscale whose ``factor / l²`` overflows (l below
+    ~1e-154): each difference is scaled by ``√|factor| / l`` before it is squared, as
+    ``0 · inf`` would be NaN where x = z; the factor's sign is applied to the sum once."""
     base, sign = len(src.params), "-" if factor < 0 else ""
     src.params.extend(np.broadcast_to(np.sqrt(abs(factor)) / ell, (d,)).tolist())
     r2 = src.accumulator("sqa", f"(diff * tl.load(p_ptr + {base} + {{k}})) * "
                                 f"(diff * tl.load(p_ptr + {base} + {{k}}))")
     r2 = src.let(f"-{r2}") if sign else r2
-    if not src.grads:
-        return r2, []
-    if ell.ndim == 0:
-        return r2, [r2]
+    if not src.grads or ell.ndim == 0:
+        return r2, [r2] if src.grads else []
     parts = []
-    for j in range(d):  # one tile per feature, after the loop (the loop keeps one diff)
+    for j in range(d):
         scaled = f"({_diff(j)} * tl.load(p_ptr + {base + j}))"
         parts.append(src.let(f"{sign}{scaled} * {scaled}"))
     return r2, parts
