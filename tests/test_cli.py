@@ -182,6 +182,8 @@ def test_fit_then_predict_from_the_shell(capsys, tmp_path, monkeypatch, _session
 
     assert _training_rows(Namespace(data=store, x="X", row_chunks=700)).chunks[0][:4] == \
         (700, 700, 700, 700)
+    # more rows than X has: one chunk (10**23 reached dask's own 'isnan' error)
+    assert _training_rows(Namespace(data=store, x="X", row_chunks=10**23)).chunks[0] == (3000,)
     code, out, _ = run(capsys, *args)
     assert code == 0 and json.loads(out)["solver"] == "nystrom"
     # a fresh fit (resumed from iteration 0) whose checkpoint goes once the model is saved

@@ -407,3 +407,20 @@ def test_float32_tiles_warn_of_nothing_and_stay_within_float32_of_float64():
         values = K.Gaussian(1e-3)(far, far)
     np.testing.assert_array_equal(np.diag(values), 1.0)
     assert np.isfinite(values).all()
+
+
+def test_keops_with_huge_lengthscales_equals_numpy():
+    """A lengthscale from 1e155 makes 1 / l² underflow to 0, and pykeops turns a LazyTensor
+    times 0.0 into a plain number: the products and KDE failed with "'float' object has no
+    attribute 'exp'" (adversary G). The kernel is all ones there, as numpy's."""
+    from dkern.backends import block_backend
+
+    keops, numpy_ = block_backend("keops"), block_backend("numpy")
+    rng = np.random.default_rng(7)
+    X, V = rng.normal(size=(25, 3)), rng.normal(size=(25, 2))
+    np.testing.assert_allclose(keops.kernel_matvec(X, X, V, kernel=K.Gaussian(1e200)),
+                               np.tile(V.sum(axis=0), (25, 1)), rtol=1e-14)
+    got = keops.weighted_log_sums(X[:4], X, None, kernel=K.Gaussian(1.0), scale=1e200)
+    want = numpy_.weighted_log_sums(X[:4], X, None, kernel=K.Gaussian(1.0), scale=1e200)
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    np.testing.assert_array_equal(want, [[0.0, 25.0]] * 4)

@@ -122,7 +122,7 @@ def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = No
     xi, zj = LazyTensor(x[:, None, :]), LazyTensor(z[None, :, :])
     with np.errstate(over="ignore", divide="ignore"):
         half_inverse_square = -0.5 / ell**2
-    if ell.ndim == 0 and np.isfinite(half_inverse_square):
+    if ell.ndim == 0 and -np.inf < half_inverse_square < 0:  # not 0: see _keops_sqdist
         # differences first, then the width, as the kernel's own formula
         log_k = xi.sqdist(zj) * float(half_inverse_square)
     elif ell.ndim == 0 or ell.shape == (x.shape[1],):  # per feature, as _keops_sqdist

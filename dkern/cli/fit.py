@@ -138,7 +138,8 @@ def _training_rows(args: argparse.Namespace) -> Any:
         return (args.data, args.x)
     from ..io import open_array
 
-    return open_array(args.data, args.x).rechunk({0: args.row_chunks})
+    X = open_array(args.data, args.x)
+    return X.rechunk({0: min(args.row_chunks, max(X.shape[0], 1))})  # more: one chunk
 
 
 def _check_training_arrays(args: argparse.Namespace) -> None:

@@ -161,10 +161,11 @@ class Stationary(Kernel):
         ell = self._lengthscale(X)
         with np.errstate(over="ignore", divide="ignore"):
             inverse_square = 1.0 / ell**2
-        if ell.ndim == 0 and np.isfinite(inverse_square):
+        if ell.ndim == 0 and 0 < inverse_square < np.inf:
             # differences first, then the lengthscale (see _value_and_gradient)
             return x.sqdist(z) * float(inverse_square)
-        # per feature; also a scalar l whose 1 / l² overflows, where x = z would give 0 · inf
+        # per feature; also a scalar l whose 1 / l² overflows (x = z would give 0 · inf) or
+        # underflows to 0 (pykeops turns a LazyTensor times 0.0 into a plain number)
         inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (X.shape[1],)))
         return ((x - z) * LazyTensor(inverse)).sqnorm2()
 

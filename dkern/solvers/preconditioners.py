@@ -122,9 +122,9 @@ class NystromPreconditioner:
         # is submitted, a factor they cannot keep, or row chunks whose block cannot fit in
         # a task, as data_rows does for X.
         check_persisted(8 * n * rank, f"The Nyström preconditioner's factor, {n:,} x {rank} "
-                        "float64,", "or lower its rank (GaussianProcessRegressor's "
-                        "preconditioner_rank), or use solver='nystrom', whose M centres need no "
-                        "factor of n rows.")
+                        "float64,", "or use solver='nystrom', whose M centres need no factor "
+                        "of n rows (GaussianProcessRegressor also takes a lower "
+                        "preconditioner_rank; KernelRidge's is fixed).")
         check_row_chunks(Xd, "X", per_row=FACTOR_VALUES_PER_PIVOT * rank)
         rng = np.random.default_rng(random_state)
         self.alpha = float(alpha)
