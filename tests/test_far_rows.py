@@ -405,8 +405,11 @@ def test_float32_tiles_warn_of_nothing_and_stay_within_float32_of_float64():
             np.testing.assert_allclose(got, kernel(X.astype(np.float64), X[:9].astype(np.float64)),
                                        atol=2e-6)
         values = K.Gaussian(1e-3)(far, far)
+        # a lengthscale that is 0 in float32 (below ~1.4e-45) gave 0 / 0 on the diagonal
+        tiny = K.Matern(1e-50, 1.5)(X, X)
     np.testing.assert_array_equal(np.diag(values), 1.0)
     assert np.isfinite(values).all()
+    np.testing.assert_array_equal(tiny, np.eye(len(X)))
 
 
 def test_keops_with_huge_lengthscales_equals_numpy():

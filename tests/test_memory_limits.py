@@ -95,6 +95,12 @@ def test_a_factor_too_big_for_the_workers_is_refused_before_anything_runs(monkey
             pytest.raises(MemoryLimitError, match="1200 float64 values per row"):
         NystromPreconditioner(Gaussian(1.0), X, 1e-3, 300, pivots="rpcholesky")
     assert computed == [], "work was submitted before the refusal"
+    # dask's local schedulers keep it in this process: no workers to spill or pause, and
+    # no refusal (the diff review found it refused there, talking of workers)
+    monkeypatch.setattr(memory, "_workers", lambda: None)
+    monkeypatch.setattr(memory, "persist_budget", lambda: 1)
+    small = da.from_array(np.random.default_rng(2).normal(size=(500, 2)), chunks=250)
+    assert NystromPreconditioner(Gaussian(1.0), small, 1e-3, 20).rank == 20
 
 
 def test_stored_chunks_that_fit_are_merged_only_as_far_as_the_workers_allow(

@@ -184,6 +184,20 @@ def test_a_task_over_the_budget_names_the_chunk_size():
     assert any("--chunk-rows" in w and "refuse" in w for w in warnings)
 
 
+def test_a_cg_factor_the_workers_cannot_keep_is_a_refusal_the_plan_names():
+    """dkern refuses a CG fit whose n x 300 preconditioner factor is over 30% of the
+    workers' memory (check_persisted); the plan passed such a fit (2.5 million rows on four
+    4 GB workers: 6.0 GB against 4.8 GB) without a word (the diff review). A tenth of the
+    rows is within it."""
+    four = Cluster(workers=4, threads=1, memory_limit=4 * GB)
+    (warning,) = [w for w in plan_fit(Data(2_500_000, 8, 100_000), four, FAKE,
+                                      solver="cg").warnings if "factor" in w]
+    assert "2,500,000 x 300 float64 (6.00 GB), is over the 4.80 GB" in warning
+    assert "dkern would refuse" in warning
+    assert not [w for w in plan_fit(Data(250_000, 8, 100_000), four, FAKE,
+                                     solver="cg").warnings if "factor" in w]
+
+
 def test_each_task_thread_and_the_main_one_may_keep_a_trim_threshold_of_heap():
     """The kept heap is the worker's own glibc setting, per arena: one per task thread and
     the main one (with MALLOC_TRIM_THRESHOLD_ unset glibc's default is 128 KiB)."""

@@ -135,12 +135,14 @@ class Stationary(Kernel):
         X, Z = X.astype(dtype, copy=False), Z.astype(dtype, copy=False)
         ell = self._lengthscale(X)
         centre = robust_centre(Z)
-        Xs, Zs = (X - centre) / ell, (Z - centre) / ell
-        hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)
-        hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # checked next
+            Xs, Zs = (X - centre) / ell, (Z - centre) / ell
+            hx = 0.5 * np.einsum("ij,ij->i", Xs, Xs)
+            hz = 0.5 * np.einsum("ij,ij->i", Zs, Zs)
         largest = float(hx.max(initial=0.0)) + float(hz.max(initial=0.0))
         if not largest < FAR_H * float(np.finfo(dtype).max):
-            return _half_neg_sqdist_by_features(X, Z, ell)
+            # the lengthscale in float64: in float32 one below ~1.4e-45 is 0, and 0 / 0
+            return _half_neg_sqdist_by_features(X, Z, np.asarray(self.lengthscale, np.float64))
         ones_x, ones_z = np.ones((len(Xs), 1), dtype), np.ones((len(Zs), 1), dtype)
         G = np.hstack([Xs, -hx[:, None], ones_x]) @ np.hstack([Zs, ones_z, -hz[:, None]]).T
         if square:  # exactly 0, as diag() says, not 0 within ε h

@@ -336,7 +336,7 @@ def _read(version: GroupVersion, name: str, *, lazy: bool) -> Any:
     values = x.compute()
     if values.dtype.kind == "f" and not np.isfinite(values).all():
         raise StoreError(f"{version.url!r}: the model's array {name!r} holds NaN or infinity "
-                         f"({int(values.size - np.isfinite(values).sum())} values), which "
+                         f"({int(values.size - np.isfinite(values).sum())} of its values), which "
                          "dkern.save never writes: the file was edited or damaged. Save the "
                          "model again.")
     return values

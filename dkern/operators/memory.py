@@ -61,8 +61,9 @@ def persist_budget() -> int:
 
 
 def check_persisted(nbytes: int, what: str, fix: str) -> None:
-    """Refuse, before anything runs, data to be persisted on the workers beyond
-    :func:`persist_budget`: the workers would spill it and pause rather than fail.
+    """Refuse, before anything runs, data to be persisted on a ``distributed`` cluster's
+    workers beyond :func:`persist_budget`: they would spill it and pause rather than fail
+    (dask's local schedulers keep it in this process, which has no such limit).
 
     Parameters
     ----------
@@ -78,18 +79,20 @@ def check_persisted(nbytes: int, what: str, fix: str) -> None:
     MemoryLimitError
         With the budget, how it is set, and the memory limit that would fit.
     """
+    workers = _workers()
+    if not workers:  # dask's local schedulers: no workers to spill or pause
+        return
     budget = persist_budget()
     if nbytes <= budget:
         return
-    count = len(_workers() or ())
-    where = (f"{count} worker(s) of {budget / PERSIST_FRACTION / count / 1e6:,.0f} MB (the "
-             "smallest memory limit)" if count else "this process's available memory")
-    need = (f"a memory_limit of at least {nbytes / PERSIST_FRACTION / count / 1e6:,.0f} MB "
-            "each" if count else "more memory")
+    count = len(workers)
     raise MemoryLimitError(
         f"{what} takes {nbytes / 1e6:,.0f} MB kept on the workers, over the {budget / 1e6:,.0f} "
-        f"MB they may keep ({PERSIST_FRACTION:.0%} of the memory of {where}): they would "
-        f"spill it to disk and pause. Nothing was submitted. Give the workers {need}, {fix}")
+        f"MB they may keep ({PERSIST_FRACTION:.0%} of {count} worker(s) of "
+        f"{budget / PERSIST_FRACTION / count / 1e6:,.0f} MB, the smallest memory limit): they "
+        f"would spill it to disk and pause. Nothing was submitted. Give the workers a "
+        f"memory_limit of at least {nbytes / PERSIST_FRACTION / count / 1e6:,.0f} MB each, "
+        f"{fix}")
 
 
 def task_budget() -> TaskBudget | None:

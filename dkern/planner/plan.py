@@ -15,11 +15,21 @@ import psutil
 
 from ..models.kernel_ridge import CG_PRECONDITIONER_RANK
 from ..models.posteriors.policy import check_solver_fits, choose_solver
+from ..operators.memory import PERSIST_FRACTION
 from ..runtime.resources import PAUSE_FRACTION
 from ..solvers import EXACT_MAX_N
 from ..solvers.centers import MAX_DEFAULT_CENTERS
 from ..solvers.falkon import DEFAULT_MAX_ITER
-from .costs import Cluster, Data, Phase, Plan, kept_heap_bytes, read_task_bytes, task_budget
+from .costs import (
+    Cluster,
+    Data,
+    Phase,
+    Plan,
+    kept_heap_bytes,
+    persist_budget,
+    read_task_bytes,
+    task_budget,
+)
 from .passes import cg_phases, exact_phases, falkon_phases, predict_phases, sgpr_phases
 from .rates import Rates
 
@@ -102,7 +112,22 @@ def plan_fit(data: Data, cluster: Cluster, rates: Rates, *, model_type: str = "k
         notes.append(f"iterations {k}: {source}")
     else:
         phases, memory, client = exact_phases(data, cluster, rates)
-    return _finish(phases, memory, client, data, cluster, rates, notes)
+    plan = _finish(phases, memory, client, data, cluster, rates, notes)
+    if solver == "cg":
+        plan.warnings.extend(factor_warnings(data, cluster))
+    return plan
+
+
+def factor_warnings(data: Data, cluster: Cluster) -> list[str]:
+    """The CG preconditioner's n x r factor over what the workers may keep: dkern refuses
+    such a fit before it starts (:func:`dkern.operators.memory.check_persisted`)."""
+    factor, budget = 8 * data.n * CG_PRECONDITIONER_RANK, persist_budget(cluster)
+    if factor <= budget:
+        return []
+    return [f"memory: the CG preconditioner's factor, {data.n:,} x {CG_PRECONDITIONER_RANK} "
+            f"float64 ({factor / 1e9:.2f} GB), is over the {budget / 1e9:.2f} GB the workers "
+            f"may keep ({PERSIST_FRACTION:.0%} of their --memory-limit): dkern would refuse the "
+            "run. Use more --workers, a larger --memory-limit, or --solver nystrom"]
 
 
 def plan_predict(test: Data, cluster: Cluster, rates: Rates, *, kind: str,

@@ -42,10 +42,10 @@ def pause_message(paused: dict[str, tuple[int, int]]) -> str:
     return (f"{len(paused)} dask worker(s) paused for memory, running no tasks until their "
             f"memory falls below distributed.worker.memory.pause: {names}. Tasks that no other "
             f"worker can run wait until then, or fail after the scheduler's "
-            f"distributed.scheduler.no-workers-timeout (dkern's schedulers: "
-            f"{worker_config()['distributed.scheduler.no-workers-timeout']}; a scheduler "
-            f"without it waits for ever). Give the workers more memory "
-            f"(memory_limit= in dkern.connect, --memory-limit for dask worker; "
+            f"distributed.scheduler.no-workers-timeout (on the schedulers dkern "
+            f"starts: {worker_config()['distributed.scheduler.no-workers-timeout']} unless "
+            f"dask's config sets another; a scheduler without it waits for ever). Give the "
+            f"workers more memory (memory_limit= in dkern.connect, --memory-limit for dask worker; "
             f"cluster/README.md states the smallest sensible limit), or use smaller chunks.")
 
 
