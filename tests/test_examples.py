@@ -288,11 +288,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def script_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def script_cluster(tmp_path_factory):
     """A scheduler and two workers started by cluster/start-scheduler.sh and
-    start-workers.sh, each in a process group of its own; yields the scheduler address."""
+    start-workers.sh, each in a process group of its own; yields the scheduler address.
+    One for the module's tests: starting and stopping it takes most of a minute."""
     from _daskproc import stop_groups
+
+    tmp_path = tmp_path_factory.mktemp("script-cluster")
 
     port = _free_port()
     env = {**os.environ, "DKERN_PYTHON": sys.executable, "DKERN_PORT": str(port),
