@@ -89,6 +89,7 @@ LOG_WEIGHT_FLOOR = -1e300
 #: KeOps' log-sums then need no floor.
 FAR_REACH = 1e150
 
+
 def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = None, *,
                          kernel: Kernel | None, scale: float = 1.0) -> np.ndarray:
     """``[m, s₀, s₁ … s_T]`` of the Gaussian weights ``k(x/scale, z/scale)`` per row of x.
