@@ -32,7 +32,7 @@ from ..io import (
     store_location,
 )
 from ..kernels import Kernel, from_sklearn
-from ..operators.memory import stored_rows_in_task
+from ..operators.memory import rows_within_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,7 @@ def check_X(estimator: Any, X: Any, *, reset: bool) -> np.ndarray | da.Array:
     """
     if not is_lazy(X):
         return check_magnitude(validate_data(estimator, X, reset=reset, dtype=np.float64), "X")
-    Xd = as_rows(X, name="X", check_finite=False)
-    if (rows := stored_rows_in_task(X, Xd)) is not None:  # fewer Zarr chunks per task
-        Xd = as_rows(X, name="X", check_finite=False, row_chunks=rows)
+    Xd = rows_within_tasks(X, name="X", check_finite=False)
     Xd = checked_values(Xd, "X", magnitude_limit("X", Xd.shape))
     if reset:
         estimator.n_features_in_ = Xd.shape[1]

@@ -14,9 +14,9 @@ import dask.array as da
 import numpy as np
 from dask.utils import parse_bytes
 
-from ..io import as_rows, is_lazy
+from ..io import is_lazy
 from .in_process import pass_scheduler
-from .memory import check_row_chunks, stored_rows_in_task
+from .memory import check_row_chunks, rows_within_tasks
 
 
 def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
@@ -30,9 +30,7 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
     Raises :class:`~dkern.errors.MemoryLimitError` before anything runs when one task
     over a row chunk cannot fit in the current cluster's workers (:func:`check_row_chunks`).
     """
-    Xd = as_rows(X, name=name, dtype=dtype, check_finite=check_finite)
-    if (rows := stored_rows_in_task(X, Xd)) is not None:  # fewer Zarr chunks per task
-        Xd = as_rows(X, name=name, dtype=dtype, check_finite=check_finite, row_chunks=rows)
+    Xd = rows_within_tasks(X, name=name, dtype=dtype, check_finite=check_finite)
     Xd = Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
     check_row_chunks(Xd, name)
     return Xd if is_lazy(X) else sent_once(Xd)

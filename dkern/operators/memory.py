@@ -16,7 +16,7 @@ import psutil
 import zarr
 
 from ..errors import MemoryLimitError
-from ..io import is_store_ref, open_array
+from ..io import as_rows, is_store_ref, open_array
 from ..runtime.resources import (
     ADVICE_MARGIN,
     TASK_FRACTION,  # noqa: F401  (its home before resources.py)
@@ -50,7 +50,11 @@ def persist_budget() -> int:
     without a limit counts the machine's available memory. Dask's local schedulers keep
     persisted blocks in this process: ``PERSIST_FRACTION`` of its available memory.
     """
-    workers = _workers()
+    return _persist_budget(_workers())
+
+
+def _persist_budget(workers: list[dict[str, Any]] | None) -> int:
+    """:func:`persist_budget` of the worker records ``workers`` (None: a local scheduler)."""
     available = psutil.virtual_memory().available
     if workers is None:
         return int(PERSIST_FRACTION * available)
@@ -82,7 +86,7 @@ def check_persisted(nbytes: int, what: str, fix: str) -> None:
     workers = _workers()
     if not workers:  # dask's local schedulers: no workers to spill or pause
         return
-    budget = persist_budget()
+    budget = _persist_budget(workers)  # one round trip to the workers, not two
     if nbytes <= budget:
         return
     count = len(workers)
@@ -148,14 +152,22 @@ def task_rows(X: da.Array, per_row: int = 0) -> int | None:
     return max(1, int((ADVICE_MARGIN * budget.budget - TILE_OVERHEAD) / per_chunk_row))
 
 
-def stored_rows_in_task(X: Any, Xd: da.Array) -> int | None:
-    """For stored X (a Zarr array or a store reference) read as ``Xd``, whose row chunks
-    merge whole Zarr chunks: rows per chunk when the merged chunks would not fit in a task
-    on the workers, as many whole Zarr chunks as fit (one at least); None when they fit.
+def rows_within_tasks(X: Any, **read: Any) -> da.Array:
+    """``as_rows(X, **read)``, whose stored chunks are merged only as far as a task fits.
 
-    Merging is for speed only; on memory-limited workers it must not refuse a store whose
-    own chunks fit (the refusal's advice is to rewrite the store with smaller chunks).
+    Reads merge a store's whole Zarr chunks to about 16 MiB, for speed only: on
+    memory-limited workers that must not refuse a store whose own chunks fit (the
+    refusal's advice is to rewrite the store with smaller chunks).
     """
+    Xd = as_rows(X, **read)
+    rows = _stored_rows_in_task(X, Xd)
+    return Xd if rows is None else as_rows(X, row_chunks=rows, **read)
+
+
+def _stored_rows_in_task(X: Any, Xd: da.Array) -> int | None:
+    """For stored X (a Zarr array or a store reference) read as ``Xd``: rows per chunk when
+    its merged chunks would not fit in a task on the workers, as many whole Zarr chunks as
+    fit (one at least); None when they fit."""
     if not (isinstance(X, zarr.Array) or is_store_ref(X)) or fits_in_task(Xd):
         return None
     stored = int(X.chunks[0] if isinstance(X, zarr.Array) else open_array(*X).chunks[0][0])
