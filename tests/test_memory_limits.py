@@ -127,6 +127,32 @@ def test_stored_chunks_that_fit_are_merged_only_as_far_as_the_workers_allow(
         np.testing.assert_array_equal(Xd.compute(), X)
 
 
+def test_in_memory_rows_are_split_as_far_as_the_workers_allow(monkeypatch, sync_scheduler):
+    """In-memory rows get chunks of about 16 MiB, which the user cannot choose: an exact GP
+    fitted on tight workers was refused at predict for its own training rows (the review's
+    repro_13). They are now split as far as a task needs; a dask array's own chunks are
+    kept (and refused with advice, the user's to change)."""
+    from dkern.models import GaussianProcessRegressor
+    from dkern.operators import data_rows, memory
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(6_000, 64))
+    y = np.sin(X[:, 0])
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 34e6, "nthreads": 1}] * 2)
+    Xd = data_rows(X)
+    assert 1024 <= max(Xd.chunks[0]) < 3_000 and memory.fits_in_task(Xd), Xd.chunks[0]
+    np.testing.assert_array_equal(Xd.compute(), X)
+    with pytest.raises(MemoryLimitError, match=r"X\.rechunk\(\{0: \d+\}\)"):
+        data_rows(da.from_array(X, chunks=3_000))
+    gp = GaussianProcessRegressor(Gaussian(8.0), alpha=0.1, optimizer=None).fit(X, y)
+    mean, std = gp.predict(X[:100] + 0.5, return_std=True)
+    monkeypatch.setattr(memory, "_workers", lambda: None)  # the reference: no limits
+    want_mean, want_std = gp.predict(X[:100] + 0.5, return_std=True)
+    # the same sums in another chunking: equal to rounding (measured 2e-14)
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(std, want_std, rtol=1e-10, atol=1e-12)
+
+
 def test_a_factor_the_workers_cannot_keep_is_refused_before_anything_runs(monkeypatch,
                                                                           sync_scheduler):
     """The CG preconditioner keeps its n x r factor on the workers. Each task of it fitted,

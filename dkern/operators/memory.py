@@ -16,7 +16,7 @@ import psutil
 import zarr
 
 from ..errors import MemoryLimitError
-from ..io import as_rows, is_store_ref, open_array
+from ..io import as_rows, is_lazy, is_store_ref, open_array
 from ..runtime.resources import (
     ADVICE_MARGIN,
     TASK_FRACTION,  # noqa: F401  (its home before resources.py)
@@ -152,14 +152,27 @@ def task_rows(X: da.Array, per_row: int = 0) -> int | None:
     return max(1, int((ADVICE_MARGIN * budget.budget - TILE_OVERHEAD) / per_chunk_row))
 
 
-def rows_within_tasks(X: Any, **read: Any) -> da.Array:
-    """``as_rows(X, **read)``, whose stored chunks are merged only as far as a task fits.
+#: In-memory rows are split into no smaller chunks to fit a task: below this, a pass's
+#: tasks multiply past what the scheduler handles well, and the workers need more memory.
+MIN_SPLIT_ROWS = 1024
 
-    Reads merge a store's whole Zarr chunks to about 16 MiB, for speed only: on
-    memory-limited workers that must not refuse a store whose own chunks fit (the
-    refusal's advice is to rewrite the store with smaller chunks).
+
+def rows_within_tasks(X: Any, **read: Any) -> da.Array:
+    """``as_rows(X, **read)``, with the row chunks dkern chooses kept within a task.
+
+    Reads merge a store's whole Zarr chunks to about 16 MiB, and split in-memory rows into
+    chunks of about that size, for speed only: on memory-limited workers that must not
+    refuse a store whose own chunks fit (the refusal's advice is to rewrite the store
+    with smaller chunks), nor in-memory rows, whose chunks the user cannot choose (a
+    model's training rows, for one). A dask array's own chunks are the user's: they are
+    kept, and refused with advice where they do not fit (:func:`check_row_chunks`).
     """
     Xd = as_rows(X, **read)
+    if not is_lazy(X):
+        rows = None if fits_in_task(Xd) else task_rows(Xd)
+        if rows is None or rows >= max(Xd.chunks[0]) or rows < MIN_SPLIT_ROWS:
+            return Xd  # fits; or refused with the memory a worker needs (check_row_chunks)
+        return Xd.rechunk({0: rows})
     rows = _stored_rows_in_task(X, Xd)
     return Xd if rows is None else as_rows(X, row_chunks=rows, **read)
 
