@@ -18,7 +18,7 @@ import pytest
 import dkern
 from dkern import GaussianProcessRegressor, KernelLogisticRegression, KernelRidge
 from dkern.errors import MemoryLimitError, StoreError
-from dkern.kernels import Linear, Polynomial, exp
+from dkern.kernels import Gaussian, Linear, Polynomial, exp
 
 pytestmark = pytest.mark.usefixtures("sync_scheduler")
 
@@ -230,6 +230,21 @@ def test_kernel_values_that_overflow_are_refused_naming_the_kernel(fit):
     with dask.config.set(scheduler="synchronous"), pytest.raises(
             ValueError, match=r"overflows float64 .* Rescale the features"):
         fit(Xb)
+
+
+def test_an_overflowing_product_with_the_vector_is_named_with_its_way_out():
+    """Amplitude 1e300: every kernel value is finite, but the CG variances' products K v
+    are not; the message blamed the kernel's values and advised rescaling the features
+    only (adversary G's repro_d1). It now names the products, the vector's largest entry
+    and the amplitude and targets as the scales to change."""
+    kernel = 1e300 * Gaussian(1.0, lengthscale_bounds="fixed")
+    gp = GaussianProcessRegressor(kernel, alpha=1e-2, solver="cg", optimizer=None, tol=1e-12)
+    with dask.config.set(scheduler="synchronous"):
+        gp.fit(X, Y)
+        with pytest.raises(ValueError, match=r"overflows float64 on these inputs: some of its "
+                           r"values, or of its products with the vector \(largest \|entry\| "
+                           r"[0-9.e+]+\), are infinite\. .* the kernel's amplitude"):
+            gp.predict(X[:5] + 0.1, return_std=True)
 
 
 def test_an_overflow_in_float32_is_named_so_with_the_float64_way_out():

@@ -35,10 +35,17 @@ def finite_values(K: Array, kernel: Kernel, *inputs: Array | None,
     dtype = np.dtype(computed_in or K.dtype)
     wider = (" or compute in float64 (float64 rows, or dtype=np.float64)"
              if dtype != np.float64 else "")
+    vectors = [a for a in inputs[2:] if a is not None and np.size(a)]
+    # a product K v (the third input on) overflows also where k's values are finite
+    products, scales = "", ""
+    if vectors:
+        largest = max(float(np.max(np.abs(v))) for v in vectors)
+        products = f", or of its products with the vector (largest |entry| {largest:.3g}),"
+        scales = ", the targets or the kernel's amplitude (its constant factor)"
     raise ValueError(
-        f"the kernel {kernel!r} overflows {dtype} on these inputs: some of its values are "
-        "infinite. Rescale the features (e.g. with sklearn.preprocessing.StandardScaler), "
-        f"use a kernel of lower degree{wider}."
+        f"the kernel {kernel!r} overflows {dtype} on these inputs: some of its values"
+        f"{products} are infinite. Rescale the features (e.g. with "
+        f"sklearn.preprocessing.StandardScaler){scales}, use a kernel of lower degree{wider}."
     )
 
 
