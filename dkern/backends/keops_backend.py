@@ -35,6 +35,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..kernels import Gaussian, Kernel
+from ..kernels.stationary import keops_scaled_sqdist
 from .neighbors import PAD_INDEX, best_k, nearest_block
 
 logger = logging.getLogger(__name__)
@@ -123,18 +124,10 @@ def log_sums_block_keops(x: np.ndarray, z: np.ndarray, t: np.ndarray | None = No
     if len(z) == 0 or len(x) == 0:  # the empty sum; KeOps wants rows on both sides
         return np.tile([-np.inf] + [0.0] * values.shape[1], (len(x), 1))
     ell = np.asarray(kernel.lengthscale, dtype=np.float64) * scale
-    xi, zj = LazyTensor(x[:, None, :]), LazyTensor(z[None, :, :])
-    with np.errstate(over="ignore", divide="ignore"):
-        half_inverse_square = -0.5 / ell**2
-    if ell.ndim == 0 and -np.inf < half_inverse_square < 0:  # not 0: see _keops_sqdist
-        # differences first, then the width, as the kernel's own formula
-        log_k = xi.sqdist(zj) * float(half_inverse_square)
-    elif ell.ndim == 0 or ell.shape == (x.shape[1],):  # per feature, as _keops_sqdist
-        inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (x.shape[1],)))
-        log_k = ((xi - zj) * LazyTensor(inverse)).sqnorm2() * -0.5
-    else:
+    if ell.ndim and ell.shape != (x.shape[1],):
         raise ValueError(f"Gaussian: lengthscale has {ell.shape[0]} entries but the data has "
                          f"{x.shape[1]} features; give one per feature or a scalar.")
+    log_k = keops_scaled_sqdist(x, z, ell, -0.5)
     # Squared distances that overflow give log weights of -inf, and KeOps' running shift
     # from -inf gives e^(-inf + inf) = NaN, in a row's sums (a few such pairs before its
     # maximum) or all of them (every pair). A floor where e^(log k − m) is 0 anyway keeps the

@@ -156,20 +156,7 @@ class Stationary(Kernel):
         return G
 
     def _keops_sqdist(self, X: Array, Z: Array) -> Any:
-        from pykeops.numpy import LazyTensor
-
-        x = LazyTensor(np.ascontiguousarray(X)[:, None, :])
-        z = LazyTensor(np.ascontiguousarray(Z)[None, :, :])
-        ell = self._lengthscale(X)
-        with np.errstate(over="ignore", divide="ignore"):
-            inverse_square = 1.0 / ell**2
-        if ell.ndim == 0 and 0 < inverse_square < np.inf:
-            # differences first, then the lengthscale (see _value_and_gradient)
-            return x.sqdist(z) * float(inverse_square)
-        # per feature; also a scalar l whose 1 / l² overflows (x = z would give 0 · inf) or
-        # underflows to 0 (pykeops turns a LazyTensor times 0.0 into a plain number)
-        inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (X.shape[1],)))
-        return ((x - z) * LazyTensor(inverse)).sqnorm2()
+        return keops_scaled_sqdist(X, Z, self._lengthscale(X))
 
     def diag(self, X: Array) -> Array:
         X = np.asarray(X)
@@ -369,3 +356,26 @@ def _distance(half_neg_sqdist: Array) -> Array:
     """``||x - z|| / l`` from ``-||x - z||² / (2 l²)``, in place."""
     R = np.multiply(half_neg_sqdist, -2.0, out=half_neg_sqdist)
     return np.sqrt(R, out=R)
+
+
+def keops_scaled_sqdist(X: Array, Z: Array, ell: Array, factor: float = 1.0) -> Any:
+    """KeOps' ``factor · ‖(x − z) / ℓ‖²`` for the rows of X (n, d) and Z (m, d), ℓ a scalar
+    or one per feature: the stationary kernels' formula, and (factor −1/2) the Gaussian
+    log weights of the KeOps log-sums.
+
+    Differences first, then the lengthscale (see ``_value_and_gradient``); a scalar ℓ is
+    one multiply by ``factor / ℓ²`` unless 1/ℓ² overflows (x = z would give 0 · inf) or
+    underflows to 0 (pykeops turns a LazyTensor times 0.0 into a plain number): then, as
+    for ARD, per feature.
+    """
+    from pykeops.numpy import LazyTensor
+
+    x = LazyTensor(np.ascontiguousarray(X)[:, None, :])
+    z = LazyTensor(np.ascontiguousarray(Z)[None, :, :])
+    with np.errstate(over="ignore", divide="ignore"):
+        inverse_square = 1.0 / ell**2
+    if np.ndim(ell) == 0 and 0 < inverse_square < np.inf:
+        return x.sqdist(z) * float(factor * inverse_square)
+    inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (X.shape[1],)))
+    scaled = ((x - z) * LazyTensor(inverse)).sqnorm2()
+    return scaled if factor == 1.0 else scaled * factor
