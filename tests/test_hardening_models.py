@@ -242,8 +242,8 @@ def test_an_overflowing_product_with_the_vector_is_named_with_its_way_out():
     with dask.config.set(scheduler="synchronous"):
         gp.fit(X, Y)
         with pytest.raises(ValueError, match=r"overflows float64 on these inputs: some of its "
-                           r"values, or of its products with the vector \(largest \|entry\| "
-                           r"[0-9.e+]+\), are infinite\. .* the kernel's amplitude"):
+                           r"values, or of its products with a vector of the solver's \(largest "
+                           r"\|entry\| [-0-9.e+]+\), are infinite\. .* the kernel's amplitude"):
             gp.predict(X[:5] + 0.1, return_std=True)
 
 

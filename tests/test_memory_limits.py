@@ -151,6 +151,17 @@ def test_in_memory_rows_are_split_as_far_as_the_workers_allow(monkeypatch, sync_
     # the same sums in another chunking: equal to rounding (measured 2e-14)
     np.testing.assert_allclose(mean, want_mean, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(std, want_std, rtol=1e-10, atol=1e-12)
+    # wide rows, whose own chunks are already small (512 rows of 32 KiB), split too (the
+    # review: a floor of 1,024 rows kept them whole and refused them)
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 100e6, "nthreads": 1}] * 2)
+    wide = rng.normal(size=(2_048, 4_096))
+    Wd = data_rows(wide)
+    assert max(Wd.chunks[0]) < 512 and memory.fits_in_task(Wd), Wd.chunks[0]
+    np.testing.assert_array_equal(Wd.compute(), wide)
+    # past MAX_SPLIT_CHUNKS: refused, with the way out for a numpy array
+    monkeypatch.setattr(memory, "MAX_SPLIT_CHUNKS", 4)
+    with pytest.raises(MemoryLimitError, match=r"dask\.array\.from_array\(X, chunks=\(\d+, -1\)\)"):
+        data_rows(wide)
 
 
 def test_a_factor_the_workers_cannot_keep_is_refused_before_anything_runs(monkeypatch,

@@ -40,12 +40,14 @@ def finite_values(K: Array, kernel: Kernel, *inputs: Array | None,
     products, scales = "", ""
     if vectors:
         largest = max(float(np.max(np.abs(v))) for v in vectors)
-        products = f", or of its products with the vector (largest |entry| {largest:.3g}),"
-        scales = ", the targets or the kernel's amplitude (its constant factor)"
+        products = (f", or of its products with a vector of the solver's (largest |entry| "
+                    f"{largest:.3g}),")
+        scales = " or the kernel's amplitude (its constant factor), for a regressor the targets,"
     raise ValueError(
         f"the kernel {kernel!r} overflows {dtype} on these inputs: some of its values"
         f"{products} are infinite. Rescale the features (e.g. with "
-        f"sklearn.preprocessing.StandardScaler){scales}, use a kernel of lower degree{wider}."
+        f"sklearn.preprocessing.StandardScaler){scales} or use a kernel of lower degree"
+        f"{wider}."
     )
 
 

@@ -359,23 +359,35 @@ def _distance(half_neg_sqdist: Array) -> Array:
 
 
 def keops_scaled_sqdist(X: Array, Z: Array, ell: Array, factor: float = 1.0) -> Any:
-    """KeOps' ``factor · ‖(x − z) / ℓ‖²`` for the rows of X (n, d) and Z (m, d), ℓ a scalar
-    or one per feature: the stationary kernels' formula, and (factor −1/2) the Gaussian
-    log weights of the KeOps log-sums.
+    """KeOps' ``factor · ‖(x − z) / ℓ‖²``: the stationary kernels' formula, and (factor
+    −1/2) the Gaussian log weights of the KeOps log-sums.
 
-    Differences first, then the lengthscale (see ``_value_and_gradient``); a scalar ℓ is
-    one multiply by ``factor / ℓ²`` unless 1/ℓ² overflows (x = z would give 0 · inf) or
+    Differences first, then the lengthscale (see ``_value_and_gradient``). A scalar ℓ is
+    one multiply by ``factor / ℓ²``, unless that overflows (x = z would give 0 · inf) or
     underflows to 0 (pykeops turns a LazyTensor times 0.0 into a plain number): then, as
-    for ARD, per feature.
+    for one ℓ per feature, the differences are scaled feature by feature.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    Z : ndarray of shape (m, d)
+    ell : float or ndarray of shape (d,)
+        The lengthscale(s), > 0.
+    factor : float, default=1.0
+
+    Returns
+    -------
+    pykeops.numpy.LazyTensor
+        Of shape (n, m, 1), symbolic.
     """
     from pykeops.numpy import LazyTensor
 
     x = LazyTensor(np.ascontiguousarray(X)[:, None, :])
     z = LazyTensor(np.ascontiguousarray(Z)[None, :, :])
     with np.errstate(over="ignore", divide="ignore"):
-        inverse_square = 1.0 / ell**2
-    if np.ndim(ell) == 0 and 0 < inverse_square < np.inf:
-        return x.sqdist(z) * float(factor * inverse_square)
+        constant = factor / ell**2
+    if np.ndim(ell) == 0 and 0 < abs(constant) < np.inf:
+        return x.sqdist(z) * float(constant)
     inverse = np.ascontiguousarray(np.broadcast_to(1.0 / ell, (X.shape[1],)))
     scaled = ((x - z) * LazyTensor(inverse)).sqnorm2()
     return scaled if factor == 1.0 else scaled * factor

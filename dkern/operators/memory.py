@@ -152,9 +152,10 @@ def task_rows(X: da.Array, per_row: int = 0) -> int | None:
     return max(1, int((ADVICE_MARGIN * budget.budget - TILE_OVERHEAD) / per_chunk_row))
 
 
-#: In-memory rows are split into no smaller chunks to fit a task: below this, a pass's
-#: tasks multiply past what the scheduler handles well, and the workers need more memory.
-MIN_SPLIT_ROWS = 1024
+#: In-memory rows are split into at most this many row chunks to fit a task: past it, the
+#: scheduler's cost per task outweighs a pass's work, and the refusal (check_row_chunks)
+#: names the memory the workers need instead.
+MAX_SPLIT_CHUNKS = 10_000
 
 
 def rows_within_tasks(X: Any, **read: Any) -> da.Array:
@@ -169,12 +170,22 @@ def rows_within_tasks(X: Any, **read: Any) -> da.Array:
     """
     Xd = as_rows(X, **read)
     if not is_lazy(X):
-        rows = None if fits_in_task(Xd) else task_rows(Xd)
-        if rows is None or rows >= max(Xd.chunks[0]) or rows < MIN_SPLIT_ROWS:
-            return Xd  # fits; or refused with the memory a worker needs (check_row_chunks)
-        return Xd.rechunk({0: rows})
+        return _split_to_fit(Xd)
     rows = _stored_rows_in_task(X, Xd)
     return Xd if rows is None else as_rows(X, row_chunks=rows, **read)
+
+
+def _split_to_fit(Xd: da.Array) -> da.Array:
+    """In-memory rows ``Xd`` in row chunks that fit a task on the workers (as the refusal's
+    advice would have them); as they are when they fit, or when no split to at most
+    ``MAX_SPLIT_CHUNKS`` chunks fits (then refused)."""
+    if fits_in_task(Xd):
+        return Xd
+    rows = task_rows(Xd)
+    if rows is None or -(-Xd.shape[0] // rows) > MAX_SPLIT_CHUNKS:
+        return Xd
+    split = Xd.rechunk({0: rows})
+    return split if fits_in_task(split) else Xd  # one row may not fit: refused as it is
 
 
 def _stored_rows_in_task(X: Any, Xd: da.Array) -> int | None:
@@ -228,7 +239,8 @@ def check_row_chunks(X: da.Array, name: str = "X", per_row: int = 0) -> None:
             f"{least / 1e6:.0f} MB (for chunks of 1,024 rows), or fewer threads each.")
     raise MemoryLimitError(
         f"{what} Use row chunks of at most {fit} rows: {name}.rechunk({{0: {fit}}}) for a "
-        f"dask array, dkern.io.open_array(url, path).rechunk({{0: {fit}}}) for a store's "
+        f"dask array, dask.array.from_array({name}, chunks=({fit}, -1)) for a numpy one, "
+        f"dkern.io.open_array(url, path).rechunk({{0: {fit}}}) for a store's "
         f"(`dkern fit`: --row-chunks {fit}); a task reads whole Zarr chunks, so a store "
         f"whose chunks are larger needs rewriting with dkern.io.write_array(..., "
         f"chunk_rows={fit}). Or give the workers more memory (a memory_limit of "
