@@ -158,7 +158,13 @@ def test_in_memory_rows_are_split_as_far_as_the_workers_allow(monkeypatch, sync_
     Wd = data_rows(wide)
     assert max(Wd.chunks[0]) < 512 and memory.fits_in_task(Wd), Wd.chunks[0]
     np.testing.assert_array_equal(Wd.compute(), wide)
+    # the CG preconditioner's factor (4 values per pivot and row) splits them further (the
+    # review: split for the rows alone, they were refused for the factor's block)
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 34e6, "nthreads": 1}] * 2)
+    P = NystromPreconditioner(Gaussian(8.0), X, 0.1, 100)
+    assert P.rank == 100 and max(P.factor.chunks[0]) < max(Xd.chunks[0]), P.factor.chunks[0]
     # past MAX_SPLIT_CHUNKS: refused, with the way out for a numpy array
+    monkeypatch.setattr(memory, "_workers", lambda: [{"memory_limit": 100e6, "nthreads": 1}] * 2)
     monkeypatch.setattr(memory, "MAX_SPLIT_CHUNKS", 4)
     with pytest.raises(MemoryLimitError, match=r"dask\.array\.from_array\(X, chunks=\(\d+, -1\)\)"):
         data_rows(wide)

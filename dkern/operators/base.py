@@ -19,8 +19,8 @@ from .in_process import pass_scheduler
 from .memory import check_row_chunks, rows_within_tasks
 
 
-def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
-              check_finite: bool = True) -> da.Array:
+def data_rows(X: Any, *, name: str = "X", dtype: Any = None, check_finite: bool = True,
+              per_row: int = 0) -> da.Array:
     """X as a row-chunked float dask array (float32 stays float32, anything else float64).
 
     In-memory (numpy) input is persisted: on a distributed cluster its chunks are
@@ -28,11 +28,12 @@ def data_rows(X: Any, *, name: str = "X", dtype: Any = None,
     iteration) names them by key instead of carrying the data again.
 
     Raises :class:`~dkern.errors.MemoryLimitError` before anything runs when one task
-    over a row chunk cannot fit in the current cluster's workers (:func:`check_row_chunks`).
+    over a row chunk, holding ``per_row`` float64 values per row besides it (a factor's
+    block), cannot fit in the current cluster's workers (:func:`check_row_chunks`).
     """
-    Xd = rows_within_tasks(X, name=name, dtype=dtype, check_finite=check_finite)
+    Xd = rows_within_tasks(X, per_row, name=name, dtype=dtype, check_finite=check_finite)
     Xd = Xd if dtype is not None or Xd.dtype == np.float32 else Xd.astype(np.float64)
-    check_row_chunks(Xd, name)
+    check_row_chunks(Xd, name, per_row)
     return Xd if is_lazy(X) else sent_once(Xd)
 
 

@@ -158,8 +158,9 @@ def task_rows(X: da.Array, per_row: int = 0) -> int | None:
 MAX_SPLIT_CHUNKS = 10_000
 
 
-def rows_within_tasks(X: Any, **read: Any) -> da.Array:
-    """``as_rows(X, **read)``, with the row chunks dkern chooses kept within a task.
+def rows_within_tasks(X: Any, per_row: int = 0, **read: Any) -> da.Array:
+    """``as_rows(X, **read)``, with the row chunks dkern chooses kept within a task that
+    holds ``per_row`` float64 values per row besides them (:func:`row_task_bytes`).
 
     Reads merge a store's whole Zarr chunks to about 16 MiB, and split in-memory rows into
     chunks of about that size, for speed only: on memory-limited workers that must not
@@ -170,32 +171,32 @@ def rows_within_tasks(X: Any, **read: Any) -> da.Array:
     """
     Xd = as_rows(X, **read)
     if not is_lazy(X):
-        return _split_to_fit(Xd)
-    rows = _stored_rows_in_task(X, Xd)
+        return _split_to_fit(Xd, per_row)
+    rows = _stored_rows_in_task(X, Xd, per_row)
     return Xd if rows is None else as_rows(X, row_chunks=rows, **read)
 
 
-def _split_to_fit(Xd: da.Array) -> da.Array:
+def _split_to_fit(Xd: da.Array, per_row: int) -> da.Array:
     """In-memory rows ``Xd`` in row chunks that fit a task on the workers (as the refusal's
     advice would have them); as they are when they fit, or when no split to at most
     ``MAX_SPLIT_CHUNKS`` chunks fits (then refused)."""
-    if fits_in_task(Xd):
+    if fits_in_task(Xd, per_row):
         return Xd
-    rows = task_rows(Xd)
+    rows = task_rows(Xd, per_row)
     if rows is None or -(-Xd.shape[0] // rows) > MAX_SPLIT_CHUNKS:
         return Xd
     split = Xd.rechunk({0: rows})
-    return split if fits_in_task(split) else Xd  # one row may not fit: refused as it is
+    return split if fits_in_task(split, per_row) else Xd  # one row may not fit: refused
 
 
-def _stored_rows_in_task(X: Any, Xd: da.Array) -> int | None:
+def _stored_rows_in_task(X: Any, Xd: da.Array, per_row: int) -> int | None:
     """For stored X (a Zarr array or a store reference) read as ``Xd``: rows per chunk when
     its merged chunks would not fit in a task on the workers, as many whole Zarr chunks as
     fit (one at least); None when they fit."""
-    if not (isinstance(X, zarr.Array) or is_store_ref(X)) or fits_in_task(Xd):
+    if not (isinstance(X, zarr.Array) or is_store_ref(X)) or fits_in_task(Xd, per_row):
         return None
     stored = int(X.chunks[0] if isinstance(X, zarr.Array) else open_array(*X).chunks[0][0])
-    rows = task_rows(Xd)
+    rows = task_rows(Xd, per_row)
     if rows is None or max(Xd.chunks[0]) <= stored:
         return None
     return stored * max(1, rows // stored)

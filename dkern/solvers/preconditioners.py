@@ -7,6 +7,7 @@ Jacobi and Nyström have ``apply(R)``, a lazy map of dask (n, t) residuals to da
 from __future__ import annotations
 
 import logging
+from numbers import Integral
 from typing import Any
 
 import dask
@@ -16,6 +17,7 @@ import scipy.linalg as sla
 
 from ..backends import resolve_backend
 from ..errors import NotPositiveDefiniteError
+from ..io import is_lazy
 from ..kernels import Kernel
 from ..operators import data_rows, gram, pairwise_map
 from ..operators.memory import check_persisted, check_row_chunks
@@ -109,7 +111,12 @@ class NystromPreconditioner:
     def __init__(self, kernel: Kernel, X: Any, alpha: float, rank: int, *,
                  pivots: str = "uniform", random_state: Any = None,
                  block_size: int | None = None, backend: str = "auto") -> None:
-        Xd = data_rows(X)
+        # in-memory rows are split as far as a task with the factor's block needs (lazy
+        # rows keep their chunks; a rank that is not valid is refused below)
+        factor_rank = 0
+        if not is_lazy(X) and isinstance(rank, Integral) and rank > 0:
+            factor_rank = min(int(rank), len(X))
+        Xd = data_rows(X, per_row=FACTOR_VALUES_PER_PIVOT * factor_rank)
         backend = resolve_backend(backend)
         n = Xd.shape[0]
         alpha = positive_number(alpha, "alpha", " (the diagonal shift)")
