@@ -361,6 +361,22 @@ def test_classifier_round_trip_with_string_classes(tmp_path):
     assert loaded.optimizer == "lbfgs" and loaded.solver_ == "exact"
 
 
+@pytest.mark.parametrize("labels", [
+    lambda v: pd.Series(v),  # pandas' default str dtype
+    lambda v: pd.Series(v, dtype=object),
+    lambda v: pd.Categorical(v),
+], ids=["str", "object", "categorical"])
+def test_string_labels_held_as_objects_round_trip(tmp_path, labels):
+    """String labels from pandas give classes_ of dtype object: the file was written, then
+    refused by dkern.load as 'not written by dkern.save' (adversary H's repro_02)."""
+    y = labels(np.array(["no", "yes"])[_labelled(2)][:150])
+    model = dkern.KNeighborsClassifier(n_neighbors=3).fit(X[:150], y)
+    assert model.classes_.dtype == object
+    url, loaded = roundtrip(model, tmp_path)
+    assert loaded.classes_.dtype == object and loaded.classes_.tolist() == ["no", "yes"]
+    np.testing.assert_array_equal(loaded.predict(X_NEW), model.predict(X_NEW))
+
+
 def test_classifier_round_trip_three_classes_learned_per_class(tmp_path):
     """One-vs-rest learns one kernel per class: all three are stored; int labels keep
     their dtype."""

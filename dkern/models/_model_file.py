@@ -359,9 +359,11 @@ VALUE_KINDS: dict[str, ValueKind] = {
                         and all(isinstance(i, str | bool) or finite_number(i) is not None
                                 for i in v),
                         "a list of at least 2 labels (strings, numbers or booleans)"),
-    "label dtype": ValueKind(lambda v: is_dtype(v, "biufU"),
+    # "O": string labels held as Python objects (pandas' str and object Series), which
+    # encode_classes writes only when every label is a string
+    "label dtype": ValueKind(lambda v: is_dtype(v, "biufUO"),
                              "a numpy dtype string of numbers, booleans or strings, e.g. "
-                             "'<i8'"),
+                             "'<i8' ('|O' for strings held as objects)"),
 }
 
 
