@@ -143,6 +143,21 @@ def test_normalize_y_and_two_targets_match_sklearn():
                                                          rel=1e-10)
 
 
+@pytest.mark.parametrize("unit", [1.0, 1e-16, 1e-200])
+def test_normalize_y_is_equivariant_to_the_targets_unit(unit):
+    """Targets in any unit: scikit-learn's one-target path (and dkern's) scales them by
+    their spread. An absolute threshold took a spread below 2.2e-15 for constant targets:
+    stds 1.8e15 times too large (adversary H's repro_01)."""
+    X, y, Xt = X_TRAIN[:100], (Y_TRAIN[:100] + 5.0) * unit, X_TEST[:20]
+    mean, std = our_gp(optimizer=None, normalize_y=True).fit(X, y).predict(Xt, return_std=True)
+    want_mean, want_std = sklearn_gp(X, y, optimizer=None, normalize_y=True).predict(
+        Xt, return_std=True)
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-10)
+    np.testing.assert_allclose(std, want_std, rtol=1e-9)
+    constant = our_gp(optimizer=None, normalize_y=True).fit(X, np.full(100, 3.0 * unit))
+    np.testing.assert_allclose(constant.predict(Xt), 3.0 * unit, rtol=1e-12)
+
+
 def test_default_kernel_is_learned_as_sklearns():
     """scikit-learn 1.9 learns its default ``C() * RBF()``; so does dkern's default."""
     X, y, Xt = X_TRAIN[:150], Y_TRAIN[:150], X_TEST[:30]

@@ -49,7 +49,10 @@ class TargetScaling:
         if normalize:
             mean, std = (np.asarray(v, dtype=np.float64).reshape(t)
                          for v in dask.compute(y.mean(axis=0), y.std(axis=0)))
-            std = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)  # constant targets
+            # constant targets: a spread within the mean's rounding (relative, so that y in
+            # any unit is scaled alike, as scikit-learn's one-target path is)
+            constant = std <= 10 * np.finfo(np.float64).eps * np.abs(mean)
+            std = np.where(constant, 1.0, std)
         scaling = cls(mean, std, y.ndim == 1, y.ndim == 2 and t == 1)
         return scaling, (y - scaling._per_column(mean)) / scaling._per_column(std)
 
