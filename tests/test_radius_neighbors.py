@@ -78,6 +78,27 @@ def test_regressor_and_classifier_equal_sklearns():
         np.testing.assert_array_equal(ours.predict(far), ref.predict(far))
 
 
+def test_an_outlier_label_of_another_type_than_the_classes_is_refused():
+    """Integer classes with outlier_label "unknown" (or -1.5): a batch with an outlier came
+    back as strings (or floats), one without as ints (adversary H's repro_03). Refused at
+    fit, as scikit-learn does; a label of the classes' type keeps their dtype."""
+    X, y = _diabetes()
+    codes = (y[:350] > 150).astype(np.int64)
+    far = X[350:353] + 100.0
+    for label in ("unknown", -1.5):
+        with pytest.raises(TypeError, match=r"outlier_label=.* is not of the classes' type"):
+            RadiusNeighborsClassifier(1.0, outlier_label=label).fit(X[:350], codes)
+        with pytest.raises(TypeError):
+            SklearnRNC(radius=1.0, outlier_label=label).fit(X[:350], codes)
+    with pytest.raises(TypeError, match=r"outlier_label must be one label"):
+        RadiusNeighborsClassifier(1.0, outlier_label=[0, 1]).fit(X[:350], codes)
+    ours = RadiusNeighborsClassifier(1.0, outlier_label=-1).fit(X[:350], codes)
+    ref = SklearnRNC(radius=1.0, outlier_label=-1).fit(X[:350], codes)
+    got = ours.predict(np.vstack([X[350:360], far]))
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, ref.predict(np.vstack([X[350:360], far])))
+
+
 def test_save_load_and_refusals(tmp_path):
     X, y = _diabetes()
     fitted = RadiusNeighborsClassifier(8.0, metric="manhattan").fit(X[:300], y[:300] > 150)

@@ -216,8 +216,31 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusNeighbors):
 
     @labelled_fit
     def fit(self, X: Rows, y: Rows) -> RadiusNeighborsClassifier:
-        """Keep the training rows and labels."""
-        return held_labels(self, X, y)
+        """Keep the training rows and labels.
+
+        Raises
+        ------
+        TypeError
+            ``outlier_label`` is not one label of the classes' type (as scikit-learn).
+        """
+        held_labels(self, X, y)
+        self._check_outlier_label()
+        return self
+
+    def _check_outlier_label(self) -> None:
+        """Refuse an outlier label of another type than the classes: predictions would
+        change type (ints to strings, say) whenever a batch holds an outlier."""
+        label, classes = self.outlier_label, self.classes_
+        if label is None or (isinstance(label, str) and label == "most_frequent"):
+            return
+        if np.ndim(label) != 0:
+            raise TypeError(f"outlier_label must be one label, 'most_frequent' or None; got "
+                            f"{label!r}.")
+        if np.append(classes, label).dtype.kind != classes.dtype.kind:
+            raise TypeError(
+                f"outlier_label={label!r} is not of the classes' type ({classes.dtype}, e.g. "
+                f"{classes.tolist()[0]!r}): the predictions of a batch with a row without "
+                "neighbours would change type. Give a label of that type, or 'most_frequent'.")
 
     @labelled_output("probability", column_dim="class", columns="classes_")
     def predict_proba(self, X: Rows) -> Any:
