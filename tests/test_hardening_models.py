@@ -232,6 +232,17 @@ def test_kernel_values_that_overflow_are_refused_naming_the_kernel(fit):
         fit(Xb)
 
 
+@pytest.mark.parametrize("name", ["KNeighborsClassifier", "RadiusNeighborsClassifier",
+                                  "KernelLogisticRegression", "GaussianProcessClassifier"])
+def test_two_label_columns_are_refused_with_the_way_out(name):
+    """y of shape (n, 2): scikit-learn's bare 'y should be a 1d array' said neither that
+    dkern's classifiers take one column nor what to do (adversary H's repro_04)."""
+    labels = np.column_stack([X[:, 0] > 0, X[:, 1] > 0]).astype(int)
+    with pytest.raises(ValueError, match=rf"{name} takes one column of class labels, shape "
+                       r"\(n_samples,\); got y of shape \(40, 2\)\. .*MultiOutputClassifier"):
+        getattr(dkern, name)().fit(X, labels)
+
+
 def test_an_overflowing_product_with_the_vector_is_named_with_its_way_out():
     """Amplitude 1e300: every kernel value is finite, but the CG variances' products K v
     are not; the message blamed the kernel's values and advised rescaling the features

@@ -105,6 +105,11 @@ def check_labels(y: Any, n_rows: int, owner: str) -> np.ndarray:
         raise ValueError(f"{owner} requires y to be passed, but the target y is None. Pass "
                          "the class labels, shape (n_samples,).")
     yv = as_rows(y, name="y", ndim=(1, 2)).compute() if is_lazy(y) else y
+    shape = np.asarray(yv).shape  # np.shape would call __array_function__, which not all take
+    if len(shape) == 2 and shape[1] > 1:
+        raise ValueError(f"{owner} takes one column of class labels, shape (n_samples,); got y "
+                         f"of shape {shape}. Fit one model per column, e.g. with "
+                         f"sklearn.multioutput.MultiOutputClassifier({owner}(...)).")
     yv = column_or_1d(yv, warn=True)
     if yv.dtype.kind in "fc":
         assert_all_finite(yv, input_name="y")
