@@ -163,6 +163,10 @@ def load(url: str | os.PathLike[str]) -> Model:
         Fitted; its predictions equal the saved model's. Arrays that were lazy when
         saved (dask/Zarr training rows, cg's dask coefficients) come back as lazy dask
         arrays reading this store; the others are loaded into memory.
+        A scikit-learn kernel given as the ``kernel`` parameter comes back as the dkern
+        kernel it was converted to (:func:`dkern.kernels.from_sklearn`): a file stores
+        dkern kernels only, so ``get_params()["kernel"]`` differs from the saved model's
+        while ``kernel_`` and the predictions do not.
 
     Raises
     ------
