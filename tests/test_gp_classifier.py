@@ -339,7 +339,8 @@ def test_continuous_y_refused():
 def test_shapes_refused():
     with pytest.raises(ValueError, match="y has 39 rows but X has 40"):
         GaussianProcessClassifier().fit(X_SMALL, Y_SMALL[:39])
-    with pytest.raises(ValueError, match="y should be a 1d array"):
+    with pytest.raises(ValueError, match=r"takes one column of class labels, shape "
+                       r"\(n_samples,\); got y of shape \(40, 2\)"):
         GaussianProcessClassifier().fit(X_SMALL, np.column_stack([Y_SMALL, Y_SMALL]))
     model = GaussianProcessClassifier().fit(X_SMALL, Y_SMALL)
     with pytest.raises(ValueError, match="X has 5 features, but GaussianProcessClassifier is "
