@@ -119,6 +119,19 @@ def test_a_websocket_address_of_a_web_server_is_a_connection_error(capsys, tmp_p
     assert "Traceback" not in err and "could not reach the Dask scheduler" in err
 
 
+@pytest.mark.parametrize("limit", ["100MB", "150MB", 0.001])
+def test_a_memory_limit_a_worker_cannot_start_in_is_refused_at_once(limit):
+    """connect(memory_limit='100MB'): the nanny restarted its idle worker over and over
+    until connect timed out (120 s); at 150 MB the workers started paused (adversary I).
+    Refused before any worker starts, naming the limit and the way out; a fraction of the
+    machine's memory counts per worker."""
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"memory_limit=.* gives each worker \d+ MiB, under "
+                       r"the 160 MiB a dkern worker needs to start.*memory_limit='256MiB'"):
+        connect(n_workers=2, memory_limit=limit)
+    assert time.perf_counter() - start < 5
+
+
 def test_an_error_without_a_message_is_named_by_its_type():
     from dkern.runtime import _reason
 

@@ -17,6 +17,7 @@ import dask
 from dask.utils import parse_timedelta
 from distributed import Client, LocalCluster
 from distributed.security import Security
+from distributed.worker_memory import parse_memory_limit
 from tornado.websocket import WebSocketError
 
 from .._closing import settle
@@ -32,6 +33,7 @@ from .forkserver import (
 )
 from .gpus import GpuLocalCluster, gpu_ids
 from .probe import NotASchedulerError, probe_scheduler
+from .resources import PAUSE_FRACTION
 from .watch import PauseWatch, WorkersPausedWarning
 
 __all__ = ["NO_WORKERS_TIMEOUT", "SCHEDULER_ENV", "WORKER_CONFIG", "WORKER_MALLOC_ENV",
@@ -197,6 +199,31 @@ def _register_scalar_family(client: Client) -> None:
             "install the same dkern on the scheduler and workers as on this client") from error
 
 
+#: The least memory_limit an embedded worker may get. An idle dkern worker process (Python,
+#: numpy, scipy, dask, distributed, dkern) takes about 150 MB: at a 100 MB limit its nanny
+#: restarted it over and over until connect timed out, and at 150 MB it started paused
+#: (adversary I). Limits a little above this are left alone, so that tests (and users) can
+#: give a worker only a few MiB of room beyond what it holds idle.
+MIN_WORKER_MEMORY = 160 * 2**20
+
+
+def _check_memory_limit(kwargs: dict[str, Any]) -> None:
+    """Refuse a ``memory_limit`` per worker under ``MIN_WORKER_MEMORY`` before any worker
+    starts; "auto", None and 0 (no limit) are distributed's to size."""
+    if kwargs.get("memory_limit") in (None, "auto"):
+        return
+    threads = int(kwargs.get("threads_per_worker") or 1)
+    cores = threads * int(kwargs.get("n_workers") or 1)
+    limit = parse_memory_limit(kwargs["memory_limit"], threads, cores, logger=logger)
+    if limit is not None and limit < MIN_WORKER_MEMORY:
+        raise ValueError(
+            f"memory_limit={kwargs['memory_limit']!r} gives each worker {limit / 2**20:.0f} MiB, "
+            f"under the {MIN_WORKER_MEMORY / 2**20:.0f} MiB a dkern worker needs to start: an "
+            f"idle one takes about 150 MB, and workers pause at {PAUSE_FRACTION:.0%} of their "
+            "limit. Give each worker at least memory_limit='256MiB' to leave it room for "
+            "tasks, or fewer workers with more memory each.")
+
+
 def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
               gpus: bool | int | Sequence[int] | None = None) -> Client:
     """A LocalCluster with dkern's worker settings, on loopback, and its client: one
@@ -208,6 +235,7 @@ def _embedded(deserializers: list[str] | None, kwargs: dict[str, Any],
     if devices is None:
         kwargs.setdefault("n_workers", os.cpu_count() or 1)
         kwargs.setdefault("threads_per_worker", 1)
+    _check_memory_limit(kwargs)
     # Loopback only: a scheduler runs any code its clients send, and the dashboard has no
     # authentication; neither should be reachable from the network by default. Threads only
     # (processes=False) talk in-process, where a host is refused.
