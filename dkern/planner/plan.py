@@ -169,8 +169,9 @@ def memory_warnings(plan: Plan, data: Data, rates: Rates) -> list[str]:
     if task > budget:
         out.append(f"memory: one task over a row chunk of {data.chunk_rows} rows needs "
                    f"{task / 1e6:.0f} MB, over the {budget / 1e6:.0f} MB a task may take on "
-                   "these workers: dkern would refuse the run. Use smaller row chunks "
-                   "(--chunk-rows), fewer --threads, or a larger --memory-limit")
+                   "these workers: dkern would refuse the run on a store chunked so (rows "
+                   "passed in memory to the Python API are split instead). Use smaller row "
+                   "chunks (--chunk-rows), fewer --threads, or a larger --memory-limit")
     pause = PAUSE_FRACTION * cluster.memory_limit
     if plan.worker_memory_bytes > pause:
         part = max(plan.worker_memory, key=lambda k: plan.worker_memory[k])
