@@ -177,9 +177,9 @@ def rows_within_tasks(X: Any, per_row: int = 0, **read: Any) -> da.Array:
 
 
 def _split_to_fit(Xd: da.Array, per_row: int) -> da.Array:
-    """In-memory rows ``Xd`` in row chunks that fit a task on the workers (as the refusal's
-    advice would have them); as they are when they fit, or when no split to at most
-    ``MAX_SPLIT_CHUNKS`` chunks fits (then refused)."""
+    """In-memory rows ``Xd`` in row chunks of half the rows that fit a task on the workers
+    now; as they are when they fit, or when no split into at most ``MAX_SPLIT_CHUNKS``
+    chunks fits (then refused by :func:`check_row_chunks`)."""
     if fits_in_task(Xd, per_row):
         return Xd
     rows = task_rows(Xd, per_row)

@@ -108,7 +108,9 @@ def connect(address: str | None = None, *, check_versions: bool = True,
     Raises
     ------
     ValueError
-        ``address`` is not a scheduler address.
+        ``address`` is not a scheduler address; or an embedded cluster's ``memory_limit``
+        gives a worker less than ``MIN_WORKER_MEMORY`` (160 MiB), in which an idle worker
+        cannot run (checked before any worker starts).
     ConnectionError
         No scheduler answers at ``address`` (within distributed's connect timeout).
         ``NotASchedulerError``, a ``ConnectionError``: something else listens there (an
