@@ -109,7 +109,7 @@ def connect(address: str | None = None, *, check_versions: bool = True,
     ------
     ValueError
         ``address`` is not a scheduler address; or an embedded cluster's ``memory_limit``
-        gives a worker less than ``MIN_WORKER_MEMORY`` (160 MiB), in which an idle worker
+        gives a worker less than ``MIN_WORKER_MEMORY``, in which an idle worker
         cannot run (checked before any worker starts).
     ConnectionError
         No scheduler answers at ``address`` (within distributed's connect timeout).
