@@ -140,11 +140,12 @@ def fits_in_task(X: da.Array, per_row: int = 0) -> bool:
     return budget is None or need <= budget.budget
 
 
-def task_rows(X: da.Array, per_row: int = 0) -> int | None:
+def task_rows(X: da.Array, per_row: int = 0, budget: TaskBudget | None = None) -> int | None:
     """The most rows of X one task may take on the current workers (by the same estimate
     as :func:`row_task_bytes`, with the margin of the refusal's advice), at least 1; None
-    on dask's local schedulers or without memory limits."""
-    budget = task_budget()
+    on dask's local schedulers or without memory limits. ``budget``: the workers' as
+    already measured (default: asked now)."""
+    budget = budget or task_budget()
     if budget is None:
         return None
     row_bytes = X.dtype.itemsize * (X.shape[1] if X.ndim > 1 else 1)
@@ -180,18 +181,18 @@ def _split_to_fit(Xd: da.Array, per_row: int) -> da.Array:
     """In-memory rows ``Xd`` in row chunks of half the rows that fit a task on the workers
     now; as they are when they fit, or when no split into at most ``MAX_SPLIT_CHUNKS``
     chunks fits (then refused by :func:`check_row_chunks`)."""
-    if fits_in_task(Xd, per_row):
-        return Xd
-    rows = task_rows(Xd, per_row)
-    if rows is None:
+    need = row_task_bytes(Xd, per_row)
+    budget = task_budget() if need > UNCHECKED_TASK_BYTES else None  # one round trip
+    if budget is None or need <= budget.budget:
         return Xd
     # half what fits now: a worker's own memory moves between this measurement and the
     # passes' (by 11-26 MB of 250 MB workers in adversary I's runs)
-    rows = max(1, rows // 2)
+    rows = max(1, (task_rows(Xd, per_row, budget) or 1) // 2)
     if -(-Xd.shape[0] // rows) > MAX_SPLIT_CHUNKS:
         return Xd
     split = Xd.rechunk({0: rows})
-    return split if fits_in_task(split, per_row) else Xd  # one row may not fit: refused
+    fits = row_task_bytes(split, per_row) <= max(budget.budget, UNCHECKED_TASK_BYTES)
+    return split if fits else Xd  # one row may not fit: refused as it is
 
 
 def _stored_rows_in_task(X: Any, Xd: da.Array, per_row: int) -> int | None:
